@@ -1,0 +1,1 @@
+"""KV pages, prefix cache, compiled executables, the model runner and sampling."""

@@ -1,0 +1,175 @@
+"""The engine: runs prefill chunks and decode steps for sequences a caller picked.
+
+It owns the runner (device side) and the KV cache manager (host side). Deciding *which*
+sequences run when is the scheduler's job; `generate` is a small synchronous loop for the
+offline job, tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Sequence as Seq
+
+import numpy as np
+
+from laps_jax.config import EngineConfig, ModelConfig
+from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
+from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
+from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
+from laps_jax.pallas_kernels import default_backend
+
+
+class Engine:
+    def __init__(self, cfg: ModelConfig, params: dict, ecfg: EngineConfig | None = None,
+                 eos_token_ids: Iterable[int] = ()):
+        self.cfg = cfg
+        self.ecfg = ecfg = ecfg or EngineConfig()
+        if ecfg.max_model_len > cfg.max_position_embeddings:
+            ecfg.max_model_len = cfg.max_position_embeddings
+        self.grid = BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
+                                       ecfg.max_decode_batch, ecfg.min_chunk,
+                                       ecfg.max_batch_tokens)
+        self.runner = ModelRunner(cfg, params, num_pages=ecfg.num_pages,
+                                  page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
+                                  grid=self.grid,
+                                  attention_backend=ecfg.attention_backend or default_backend())
+        self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
+        self.runner.warmup(prompt_logprobs, progress)
+
+    # -- admission ------------------------------------------------------------------------
+    def check_prompt(self, prompt: Seq[int], max_tokens: int = 0) -> None:
+        """Raises ValueError with the limit in the message when a prompt cannot run."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= int(t) < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                             f"[0, {self.cfg.vocab_size})")
+        limit = self.ecfg.max_model_len
+        if len(prompt) + max_tokens > limit:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                             f"the maximum context length of {limit} tokens")
+
+    def admit(self, seq: Sequence) -> None:
+        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages."""
+        pages = self.kv.allocate(seq.prompt)
+        seq.pages, seq.num_computed = pages, pages.cached_len
+        seq.cached_tokens = pages.cached_len
+        seq.status = Status.PREFILL
+        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
+        seq.rng = np.random.default_rng(seed)
+
+    def release(self, seq: Sequence, reason: str | None = None) -> None:
+        """Frees a sequence's pages (finished, aborted or disconnected)."""
+        if seq.pages is not None:
+            self.kv.release(seq.pages)
+            seq.pages = None
+        if seq.status is not Status.FINISHED:
+            seq.status = Status.FINISHED
+            seq.finish_reason = seq.finish_reason or reason or "abort"
+
+    # -- steps ----------------------------------------------------------------------------
+    def _input(self, seq: Sequence, start: int, n: int, next_token: int = -1) -> SeqInput:
+        p = seq.params
+        u = float(seq.rng.random()) if p.temperature > 0 and start + n >= len(seq.prompt) else 0.0
+        return SeqInput(seq.tokens[start:start + n], start, seq.pages.pages, p.temperature,
+                        p.top_k, p.top_p, u, next_token)
+
+    def prefill(self, work: Seq[tuple[Sequence, int]], prompt_logprobs: bool = False,
+                sample: bool = True) -> list[SeqOutput]:
+        """Computes `n` more prompt tokens of each sequence in one bucket. A sequence whose
+        prompt completes gets its first token (when `sample`) and moves to decode."""
+        inputs = []
+        for seq, n in work:
+            start = seq.num_computed
+            nxt = seq.prompt[start + n] if start + n < len(seq.prompt) else -1
+            inputs.append(self._input(seq, start, n, nxt))
+        outs = self.runner.run(inputs, prompt_logprobs)
+        for (seq, n), out in zip(work, outs):
+            seq.num_computed += n
+            self.kv.commit(seq.pages, seq.prompt[:seq.num_computed])
+            if seq.num_computed == len(seq.prompt):
+                seq.status = Status.DECODE
+                if sample:
+                    self._append(seq, out)
+        return outs
+
+    def decode(self, seqs: Seq[Sequence]) -> list[SeqOutput]:
+        """One token for each sequence. Raises OutOfPages before touching anything."""
+        need = sum(max(self.kv.pages_for(len(s.tokens)) - len(s.pages.pages), 0) for s in seqs)
+        if need > self.kv.num_free:
+            raise OutOfPages(f"decode needs {need} more KV pages, {self.kv.num_free} free")
+        for s in seqs:
+            self.kv.grow(s.pages, len(s.tokens))
+        outs = self.runner.run([self._input(s, len(s.tokens) - 1, 1) for s in seqs])
+        for s, out in zip(seqs, outs):
+            s.num_computed = len(s.tokens)
+            self._append(s, out)
+        return outs
+
+    def _append(self, seq: Sequence, out: SeqOutput) -> None:
+        p = seq.params
+        seq.output.append(out.token_id)
+        k = min(p.logprobs, len(out.top_ids))
+        seq.logprobs.append(TokenLogprobs(out.token_id, out.logprob,
+                                          list(zip(out.top_ids[:k].tolist(),
+                                                   out.top_logprobs[:k].tolist()))))
+        if not p.ignore_eos and out.token_id in self.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif out.token_id in p.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= p.max_tokens or len(seq.tokens) >= self.ecfg.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason:
+            self.kv.commit(seq.pages, seq.tokens[:seq.num_computed])
+            self.release(seq)
+
+    # -- a simple synchronous loop ---------------------------------------------------------
+    def prefill_plan(self, seqs: Seq[Sequence]) -> list[list[tuple[Sequence, int]]]:
+        """Groups pending prompt work into bucket-sized steps: similar lengths together."""
+        todo = sorted((s for s in seqs if s.remaining_prefill > 0),
+                      key=lambda s: s.remaining_prefill)
+        steps, cur = [], []
+        budget = self.grid.max_batch_tokens
+        for s in todo:
+            n = min(s.remaining_prefill, self.grid.max_chunk)
+            width = max([n] + [c for _, c in cur])
+            if cur and (len(cur) + 1 > self.grid.prefill_batches[-1]
+                        or self.grid.fit_prefill(len(cur) + 1, width) is None
+                        or (len(cur) + 1) * width > budget):
+                steps.append(cur)
+                cur = []
+            cur.append((s, n))
+        if cur:
+            steps.append(cur)
+        return steps
+
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams]
+                 ) -> list[Sequence]:
+        """Runs every prompt to completion; output order follows input order."""
+        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        seqs = [Sequence(list(map(int, p)), sp) for p, sp in zip(prompts, plist)]
+        for s in seqs:
+            self.check_prompt(s.prompt, s.params.max_tokens)
+        waiting = list(seqs)
+        running: list[Sequence] = []
+        while waiting or running:
+            while waiting:
+                try:
+                    self.admit(waiting[0])
+                except OutOfPages:
+                    if not running:
+                        raise
+                    break
+                running.append(waiting.pop(0))
+            for step in self.prefill_plan([s for s in running if s.status is Status.PREFILL])[:1]:
+                self.prefill(step)
+            dec = [s for s in running if s.status is Status.DECODE]
+            for i in range(0, len(dec), self.grid.decode_batches[-1]):
+                self.decode(dec[i:i + self.grid.decode_batches[-1]])
+            running = [s for s in running if not s.is_finished]
+        return seqs

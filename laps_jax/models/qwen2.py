@@ -1,0 +1,161 @@
+"""Qwen2 / Qwen2.5 decoder in Flax NNX, with layer weights stacked for `lax.scan`.
+
+The module holds parameters only; the forward pass is a pure function over its state
+(`nnx.split` once, then plain `jax.jit`), so per-call dispatch stays cheap and every
+executable can be compiled ahead of time. Layer weights carry a leading [num_layers] axis
+and run under one `lax.scan`, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from laps_jax.config import ModelConfig
+from laps_jax.pallas_kernels import paged_attention
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, std: float = 0.02) -> nnx.Param:
+    return nnx.Param((std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype))
+
+
+class StackedAttention(nnx.Module):
+    """q/k/v projections with bias, o projection without; weights are [L, in, out]."""
+
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        L, h = cfg.num_layers, cfg.hidden_size
+        self.q_w = _param(rngs, (L, h, cfg.q_size), dtype)
+        self.q_b = _param(rngs, (L, cfg.q_size), dtype)
+        self.k_w = _param(rngs, (L, h, cfg.kv_size), dtype)
+        self.k_b = _param(rngs, (L, cfg.kv_size), dtype)
+        self.v_w = _param(rngs, (L, h, cfg.kv_size), dtype)
+        self.v_b = _param(rngs, (L, cfg.kv_size), dtype)
+        self.o_w = _param(rngs, (L, cfg.q_size, h), dtype)
+
+
+class StackedMLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); weights are [L, in, out]."""
+
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        L, h, i = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
+        self.gate_w = _param(rngs, (L, h, i), dtype)
+        self.up_w = _param(rngs, (L, h, i), dtype)
+        self.down_w = _param(rngs, (L, i, h), dtype)
+
+
+class StackedLayers(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype, rngs: nnx.Rngs):
+        L, h = cfg.num_layers, cfg.hidden_size
+        self.input_norm = nnx.Param(jnp.ones((L, h), dtype))
+        self.post_attn_norm = nnx.Param(jnp.ones((L, h), dtype))
+        self.attn = StackedAttention(cfg, dtype, rngs)
+        self.mlp = StackedMLP(cfg, dtype, rngs)
+
+
+class Qwen2(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        rngs = rngs or nnx.Rngs(0)
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), dtype)
+        self.layers = StackedLayers(cfg, dtype, rngs)
+        self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), dtype))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), dtype)
+
+
+def abstract_state(cfg: ModelConfig, dtype=jnp.bfloat16) -> nnx.State:
+    """Shapes and dtypes of every parameter, with nothing allocated."""
+    return nnx.state(nnx.eval_shape(lambda: Qwen2(cfg, dtype, nnx.Rngs(0))), nnx.Param)
+
+
+def init_params(cfg: ModelConfig, dtype=jnp.float32, seed: int = 0) -> dict:
+    """Random weights as the nested dict of arrays that every executable takes."""
+    return nnx.to_pure_dict(nnx.state(Qwen2(cfg, dtype, nnx.Rngs(seed)), nnx.Param))
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """A bucket-shaped batch: B sequences, each with up to T new tokens over a cached prefix."""
+
+    tokens: jax.Array       # [B, T] int32, right-padded
+    q_lens: jax.Array       # [B] int32 valid new tokens (0 = unused slot)
+    cached_lens: jax.Array  # [B] int32 tokens already in the KV cache
+    page_table: jax.Array   # [B, P] int32 pages of each sequence
+
+
+jax.tree_util.register_dataclass(
+    Batch, data_fields=["tokens", "q_lens", "cached_lens", "page_table"], meta_fields=[])
+
+
+def rms_norm(x, w, eps: float):
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return w * xf.astype(x.dtype)
+
+
+def rope(x, positions, theta: float):
+    """Rotary embedding, rotate-half layout (as Hugging Face Qwen2). x: [B, T, H, D]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rot = jnp.concatenate([-x2, x1], -1)
+    return (x.astype(jnp.float32) * cos + rot * sin).astype(x.dtype)
+
+
+def kv_slots(batch: Batch, page_size: int):
+    """(page, offset) where each new token's K/V goes; padding tokens go to trash page 0."""
+    B, T = batch.tokens.shape
+    pos = batch.cached_lens[:, None] + jnp.arange(T)[None, :]
+    valid = jnp.arange(T)[None, :] < batch.q_lens[:, None]
+    page_idx = jnp.clip(pos // page_size, 0, batch.page_table.shape[1] - 1)
+    pages = jnp.take_along_axis(batch.page_table, page_idx, axis=1)
+    return jnp.where(valid, pages, 0), jnp.where(valid, pos % page_size, 0), pos
+
+
+def forward_hidden(params: dict, cfg: ModelConfig, k_cache, v_cache, batch: Batch,
+                   attention_backend: str = "xla"):
+    """Runs every layer over the batch; writes new K/V into the pages; returns final hidden."""
+    p = params
+    page_size = k_cache.shape[2]
+    pages, offs, positions = kv_slots(batch, page_size)
+    x = p["embed"][batch.tokens]
+    B, T = batch.tokens.shape
+    scale = cfg.head_dim ** -0.5
+
+    def layer(carry, lp):
+        x, kc, vc, li = carry
+        a, m = lp["attn"], lp["mlp"]
+        h = rms_norm(x, lp["input_norm"], cfg.rms_norm_eps)
+        q = (h @ a["q_w"] + a["q_b"]).reshape(B, T, cfg.num_heads, cfg.head_dim)
+        k = (h @ a["k_w"] + a["k_b"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        v = (h @ a["v_w"] + a["v_b"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        kc = kc.at[li, pages, offs].set(k.astype(kc.dtype))
+        vc = vc.at[li, pages, offs].set(v.astype(vc.dtype))
+        o = paged_attention(q, kc, vc, li, batch.q_lens, batch.cached_lens, batch.page_table,
+                            scale=scale, backend=attention_backend)
+        x = x + o.reshape(B, T, cfg.q_size).astype(x.dtype) @ a["o_w"]
+        h = rms_norm(x, lp["post_attn_norm"], cfg.rms_norm_eps)
+        x = x + (jax.nn.silu(h @ m["gate_w"]) * (h @ m["up_w"])) @ m["down_w"]
+        return (x, kc, vc, li + 1), None
+
+    (x, k_cache, v_cache, _), _ = jax.lax.scan(
+        layer, (x, k_cache, v_cache, jnp.int32(0)), p["layers"])
+    return rms_norm(x, p["final_norm"], cfg.rms_norm_eps), k_cache, v_cache
+
+
+def lm_logits(params, cfg: ModelConfig, hidden):
+    """Logits in float32 from final hidden states [..., H]."""
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return jnp.dot(hidden, w, preferred_element_type=jnp.float32)
+
+
+def last_hidden(hidden, q_lens):
+    """Hidden state of each sequence's last new token: [B, H]."""
+    idx = jnp.maximum(q_lens - 1, 0)
+    return jnp.take_along_axis(hidden, idx[:, None, None], axis=1)[:, 0]

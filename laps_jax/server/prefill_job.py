@@ -1,0 +1,217 @@
+"""The offline batch-prefill job behind `scripts/prefill_batch.py`.
+
+Reads JSONL requests, turns each into token ids (or an error for that line alone), prefills
+shared prefixes once, groups the rest by remaining length into buckets to keep padding low, and
+writes one output line per input line, in input order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time
+from typing import Any, Iterable, TextIO
+
+import numpy as np
+from tqdm import tqdm
+
+from laps_jax.engine.engine import Engine
+from laps_jax.engine.kv_cache import OutOfPages, block_hash
+from laps_jax.engine.sequence import SamplingParams, Sequence, Status
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclasses.dataclass
+class JobItem:
+    line_no: int
+    id: Any
+    prompt: list[int] | None = None
+    error: str | None = None
+    seq: Sequence | None = None
+    prompt_lps: list[float] | None = None  # log p(token t | < t) for t >= 1
+    result: dict | None = None
+
+
+@dataclasses.dataclass
+class JobSummary:
+    requests: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    seconds: float = 0.0
+    padding_fraction: float = 0.0
+
+    def format(self) -> str:
+        tps = self.computed_tokens / self.seconds if self.seconds else 0.0
+        return (f"requests {self.requests} (failed {self.failed}) | prompt tokens "
+                f"{self.prompt_tokens} (computed {self.computed_tokens}, from prefix cache "
+                f"{self.cached_tokens}) | {self.seconds:.2f} s | {tps:.1f} tokens/s | padding "
+                f"{100 * self.padding_fraction:.1f}%")
+
+
+def parse_line(line_no: int, line: str, tokenizer, engine: Engine) -> JobItem:
+    """One input line -> a JobItem holding token ids or the reason it cannot run."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return JobItem(line_no, None, error=f"line {line_no}: invalid JSON ({e.msg})")
+    if not isinstance(obj, dict):
+        return JobItem(line_no, None, error=f"line {line_no}: expected a JSON object")
+    item = JobItem(line_no, obj.get("id", line_no))
+    try:
+        if "prompt_token_ids" in obj:
+            ids = obj["prompt_token_ids"]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    for t in ids):
+                raise ValueError("prompt_token_ids must be a list of integers")
+        elif "prompt" in obj or "messages" in obj:
+            if tokenizer is None:
+                raise ValueError("this model has no tokenizer (a preset): give prompt_token_ids")
+            if "prompt" in obj:
+                if not isinstance(obj["prompt"], str):
+                    raise ValueError("prompt must be a string")
+                ids = tokenizer.encode(obj["prompt"]) if obj["prompt"] else []
+            else:
+                msgs = obj["messages"]
+                if not isinstance(msgs, list) or not msgs:
+                    raise ValueError("messages must be a non-empty list")
+                for m in msgs:
+                    if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                            or not isinstance(m.get("content"), str):
+                        raise ValueError("each message needs a string role and string content")
+                ids = tokenizer.encode_chat(msgs)
+        else:
+            raise ValueError("expected one of prompt, prompt_token_ids or messages")
+        engine.check_prompt(ids)
+        item.prompt = list(ids)
+    except Exception as e:  # every problem stays on its own line
+        item.error = f"line {line_no}: {e}"
+    return item
+
+
+def shared_prefixes(prompts: list[list[int]], page_size: int) -> list[list[int]]:
+    """The deepest full-block prefixes that two or more prompts share (each listed once)."""
+    counts: collections.Counter = collections.Counter()
+    chains = []
+    for p in prompts:
+        chain, h = [], b""
+        for i in range((len(p) - 1) // page_size):
+            h = block_hash(h, p[i * page_size:(i + 1) * page_size])
+            chain.append(h)
+        chains.append(chain)
+        counts.update(chain)
+    out: dict[bytes, list[int]] = {}
+    for p, chain in zip(prompts, chains):
+        depth = 0
+        while depth < len(chain) and counts[chain[depth]] >= 2:
+            depth += 1
+        if depth:
+            out.setdefault(chain[depth - 1], p[:depth * page_size])
+    return sorted(out.values(), key=len)
+
+
+class PrefillJob:
+    def __init__(self, engine: Engine, top_logprobs: int = 5, prompt_logprobs: bool = False,
+                 max_active: int = 64):
+        if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"--top-logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+        self.engine, self.k, self.prompt_lp = engine, top_logprobs, prompt_logprobs
+        self.max_active = max_active
+        self.prefix_lps: dict[bytes, np.ndarray] = {}  # chained hash -> lps of its tokens 1..
+
+    def _run(self, items: list[JobItem], bar=None) -> None:
+        """Prefills every item's prompt (admitting as pages allow) and records results."""
+        eng = self.engine
+        pending = collections.deque(sorted(items, key=lambda it: len(it.prompt)))
+        active: list[JobItem] = []
+        while pending or active:
+            while pending and len(active) < self.max_active:
+                it = pending[0]
+                it.seq = Sequence(it.prompt, SamplingParams(max_tokens=1))
+                try:
+                    self._admit(it)
+                except OutOfPages:
+                    if not active:
+                        it.error = f"line {it.line_no}: prompt does not fit the KV cache"
+                        pending.popleft()
+                        continue
+                    break
+                active.append(pending.popleft())
+            seqs = {id(it.seq): it for it in active}
+            plan = eng.prefill_plan([it.seq for it in active])
+            if not plan:
+                break
+            step = plan[0]
+            outs = eng.prefill(step, self.prompt_lp, sample=False)
+            for (seq, n), out in zip(step, outs):
+                it = seqs[id(seq)]
+                if self.prompt_lp:
+                    it.prompt_lps.extend(out.target_logprobs.tolist())
+                if seq.status is Status.DECODE:
+                    self._finish(it, out)
+                    if bar is not None:
+                        bar.update(1)
+            active = [it for it in active if it.result is None]
+
+    def _admit(self, it: JobItem) -> None:
+        eng, seq = self.engine, it.seq
+        eng.admit(seq)
+        it.prompt_lps = []
+        if not self.prompt_lp or seq.cached_tokens == 0:
+            return
+        known = self.prefix_lps.get(seq.pages.hashes[-1]) if seq.pages.hashes else None
+        if known is None:  # history cached by someone else: recompute it (same K/V values)
+            seq.num_computed = 0
+        else:  # recompute the last cached token to get the next token's distribution
+            seq.num_computed = seq.cached_tokens - 1
+            it.prompt_lps = known[:seq.num_computed - 1].tolist() if seq.num_computed > 1 else []
+            if seq.num_computed == 0:
+                it.prompt_lps = []
+
+    def _finish(self, it: JobItem, out) -> None:
+        seq = it.seq
+        res = {"id": it.id, "num_prompt_tokens": len(it.prompt),
+               "num_cached_tokens": seq.cached_tokens,
+               "top_logprobs": [[int(t), float(lp)] for t, lp in
+                                zip(out.top_ids[:self.k], out.top_logprobs[:self.k])]}
+        if self.prompt_lp:
+            lps = it.prompt_lps[:len(it.prompt) - 1]
+            res["prompt_logprobs"] = [None] + [float(x) for x in lps]
+            for d, h in enumerate(seq.pages.hashes if seq.pages else []):
+                self.prefix_lps.setdefault(h, np.asarray(lps[:(d + 1) * self.engine.ecfg.page_size - 1]))
+        it.result = res
+        self.engine.release(seq, "stop")
+
+    def run(self, lines: Iterable[str], tokenizer, out: TextIO, progress: bool = True
+            ) -> JobSummary:
+        eng = self.engine
+        t0 = time.perf_counter()
+        items = [parse_line(i + 1, line, tokenizer, eng)
+                 for i, line in enumerate(lines) if line.strip()]
+        good = [it for it in items if it.error is None]
+        real0, bucket0 = eng.runner.stats.real_tokens, eng.runner.stats.bucket_tokens
+        hits0 = eng.kv.hit_tokens
+        prefixes = shared_prefixes([it.prompt for it in good], eng.ecfg.page_size)
+        if prefixes:  # compute each shared history once; later prompts find it cached
+            self._run([JobItem(-1, None, prompt=p + [0]) for p in prefixes])
+            hits0 = eng.kv.hit_tokens
+        with tqdm(total=len(good), desc="prefill", unit="req", disable=not progress) as bar:
+            self._run(good, bar)
+        summary = JobSummary(requests=len(items))
+        for it in items:
+            if it.result is None:
+                summary.failed += 1
+                out.write(json.dumps({"id": it.id, "error": it.error or "not run"}) + "\n")
+            else:
+                summary.prompt_tokens += len(it.prompt)
+                out.write(json.dumps(it.result) + "\n")
+        stats = eng.runner.stats
+        summary.computed_tokens = stats.real_tokens - real0
+        summary.cached_tokens = eng.kv.hit_tokens - hits0
+        bucket = stats.bucket_tokens - bucket0
+        summary.padding_fraction = 1 - summary.computed_tokens / bucket if bucket else 0.0
+        summary.seconds = time.perf_counter() - t0
+        return summary

@@ -1,0 +1,46 @@
+"""Write seeded multi-turn chat sessions (LMSYS-Chat-1M shape) as sessions JSONL.
+
+    python scripts/make_sessions.py --sessions 200 --seed 0 --rate 2 --output runs/sessions.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from laps_jax.workload.generator import SessionGenConfig, generate_sessions
+from laps_jax.workload.sessions import session_summary, write_sessions_jsonl
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, required=True, help="number of sessions")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="Poisson session arrival rate, sessions per second (default 1)")
+    p.add_argument("--output", required=True, help="sessions JSONL file to write")
+    p.add_argument("--length-scale", type=float, default=1.0,
+                   help="multiply every input/output length (min 1 token), e.g. 0.25 for CPU")
+    p.add_argument("--mean-turns", type=float, default=3.0,
+                   help="mean turns per session, geometric (default 3)")
+    p.add_argument("--max-turns", type=int, default=16, help="cap on turns per session")
+    args = p.parse_args(argv)
+    try:
+        cfg = SessionGenConfig(rate=args.rate, mean_turns=args.mean_turns,
+                               max_turns=args.max_turns, length_scale=args.length_scale)
+        sessions = generate_sessions(args.sessions, cfg, seed=args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    write_sessions_jsonl(sessions, args.output)
+    n_req = sum(len(s.turns) for s in sessions)
+    print(f"wrote {len(sessions)} sessions ({n_req} requests) to {args.output}", file=sys.stderr)
+    for name, s in session_summary(sessions).items():
+        print(f"  {name:22s} n={s.count:6d} p50={s.p50:8.1f} p90={s.p90:8.1f} "
+              f"under {s.threshold}: {s.frac_under:.1%}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
