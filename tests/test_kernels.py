@@ -24,6 +24,13 @@ from laps_jax.pallas_kernels.xla_attention import paged_attention_xla
 LAYERS, LAYER = 2, 1  # read layer 1 so a wrong layer offset shows
 
 
+@pytest.fixture(autouse=True)
+def exact_matmuls():
+    """On GPU, XLA's default f32 matmul is TF32 (~1e-3 error): keep the reference exact."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 @dataclass(frozen=True)
 class Case:
     name: str

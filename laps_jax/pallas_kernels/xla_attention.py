@@ -34,8 +34,9 @@ def paged_attention_xla(q, k_cache, v_cache, layer, q_lens, cached_lens, page_ta
         k = k_cache[layer, pages].reshape(B, bp * ps, kvh, hd).astype(jnp.float32)
         v = v_cache[layer, pages].reshape(B, bp * ps, kvh, hd).astype(jnp.float32)
         k_pos = i * bp * ps + jnp.arange(bp * ps)
-        mask = ((k_pos[None, None, :] <= q_pos[:, :, None])
-                & (k_pos[None, None, :] < kv_lens[:, None, None]))[:, None, None]
+        in_seq = k_pos[None, :] < kv_lens[:, None]  # [B, S]: slots past kv_len hold garbage
+        v = jnp.where(in_seq[:, :, None, None], v, 0.0)
+        mask = ((k_pos[None, None, :] <= q_pos[:, :, None]) & in_seq[:, None, :])[:, None, None]
         s = jnp.einsum("btkgd,bskd->bkgts", qf, k)
         s = jnp.where(mask, s, NEG_INF)
         m_new = jnp.maximum(m, s.max(-1))

@@ -167,9 +167,7 @@ class PrefillJob:
             seq.num_computed = 0
         else:  # recompute the last cached token to get the next token's distribution
             seq.num_computed = seq.cached_tokens - 1
-            it.prompt_lps = known[:seq.num_computed - 1].tolist() if seq.num_computed > 1 else []
-            if seq.num_computed == 0:
-                it.prompt_lps = []
+            it.prompt_lps = known[:seq.num_computed].tolist()  # tokens 1 .. num_computed
 
     def _finish(self, it: JobItem, out) -> None:
         seq = it.seq

@@ -1,0 +1,161 @@
+"""One command for a GPU session: native kernel tests, then attention timings against rooflines.
+
+On a GPU it runs tests/test_kernels.py with LAPS_PALLAS_INTERPRET=0 (Pallas lowered to Triton),
+measures copy bandwidth (big array copy) and the bf16 matmul rate (8192^3), and times prefill
+attention at (new, cached) = (128,0), (128,4096), (2048,0), (8192,0) and decode at 64 x 4096
+with the Qwen2.5-32B head layout (40 q / 8 kv heads, head_dim 128) for the pallas and xla
+backends. Each time is the median of several block_until_ready runs after warm-up. The table
+comes last. `--quick` shrinks everything so it runs on CPU (interpreted Pallas) in a minute.
+
+    python scripts/device_check.py            # on the H200 (about 3-5 minutes)
+    python scripts/device_check.py --quick    # anywhere, to check the script works
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# The pytest child shares the GPU with this process: neither may grab 75% of it up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from laps_jax.pallas_kernels import paged_attention  # noqa: E402
+
+
+def timeit(fn, *args, runs: int) -> float:
+    """Median milliseconds of fn(*args) over `runs` calls after two warm-up calls."""
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_tests(quick: bool, native: bool) -> int:
+    """pytest on the kernel tests in a subprocess (natively when on GPU)."""
+    env = dict(os.environ, LAPS_PALLAS_INTERPRET="0" if native else "1")
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests/test_kernels.py"), "-q", "-x"]
+    if quick:
+        cmd += ["-k", "single_g1 or decode_g1"]
+    print("$ LAPS_PALLAS_INTERPRET=" + env["LAPS_PALLAS_INTERPRET"], shlex.join(cmd), flush=True)
+    return subprocess.run(cmd, env=env, cwd=ROOT).returncode
+
+
+def measure_peaks(copy_mib: int, mm: int, runs: int) -> tuple[float, float]:
+    """(GB/s of a big array copy counting read + write, TFLOP/s of a bf16 mm^3 matmul)."""
+    n = copy_mib * 2**20 // 4
+    x = jnp.arange(n, dtype=jnp.float32)
+    ms = timeit(jax.jit(lambda a: a + 1.0), x, runs=runs)  # a copy XLA cannot elide
+    gbs = 2 * x.nbytes / ms / 1e6
+    a = jax.random.normal(jax.random.key(0), (mm, mm), jnp.bfloat16)
+    ms = timeit(jax.jit(lambda a, b: a @ b), a, a, runs=runs)
+    return gbs, 2 * mm**3 / ms / 1e9
+
+
+def attention_case(B: int, new: int, cached: int, nq: int, kvh: int, hd: int, page_size: int,
+                   dtype, seed: int = 0):
+    """Random inputs for B sequences of `new` tokens over `cached` ones, shuffled pages."""
+    kv = new + cached
+    P = -(-kv // page_size)
+    num_pages = B * P
+    ks = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(ks[0], (B, new, nq, hd), dtype)
+    k = jax.random.normal(ks[1], (1, num_pages, page_size, kvh, hd), dtype)
+    v = jax.random.normal(ks[2], (1, num_pages, page_size, kvh, hd), dtype)
+    table = jnp.asarray(np.random.default_rng(seed).permutation(num_pages).reshape(B, P),
+                        jnp.int32)
+    q_lens = jnp.full((B,), new, jnp.int32)
+    cached_lens = jnp.full((B,), cached, jnp.int32)
+    return q, k, v, jnp.int32(0), q_lens, cached_lens, table
+
+
+def attention_cost(B: int, new: int, cached: int, nq: int, kvh: int, hd: int,
+                   itemsize: int) -> tuple[float, float]:
+    """(causal FLOPs, minimal HBM bytes: q, out, and each needed K/V row read once)."""
+    keys_seen = new * cached + new * (new + 1) / 2  # sum over queries of visible keys
+    flops = 4 * B * nq * hd * keys_seen
+    nbytes = B * itemsize * hd * (2 * new * nq + 2 * (new + cached) * kvh)
+    return flops, nbytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke check)")
+    ap.add_argument("--skip-tests", action="store_true", help="only time, no pytest")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per case (median)")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args()
+    native = jax.default_backend() == "gpu"
+    runs = args.runs or (3 if args.quick else 10)
+    print(f"backend={jax.default_backend()} devices={jax.devices()} "
+          f"pallas={'native (Triton)' if native else 'interpreted'}", flush=True)
+
+    rc = 0 if args.skip_tests else run_tests(args.quick, native)
+    t0 = time.perf_counter()
+    gbs, tflops = measure_peaks(64 if args.quick else 4096, 512 if args.quick else 8192, runs)
+    print(f"peaks: copy {gbs:.0f} GB/s, bf16 matmul {tflops:.1f} TFLOP/s", flush=True)
+
+    if args.quick:
+        nq, kvh, hd, dtype = 10, 2, 64, jnp.float32
+        prefill = [(32, 0), (32, 64), (64, 0)]
+        decode_batch, decode_cached = 4, 64
+    else:
+        nq, kvh, hd, dtype = 40, 8, 128, jnp.bfloat16
+        prefill = [(128, 0), (128, 4096), (2048, 0), (8192, 0)]
+        decode_batch, decode_cached = 64, 4096
+    cases = [("prefill", 1, n, c) for n, c in prefill]
+    cases.append(("decode", decode_batch, 1, decode_cached))
+    rows = []
+    for kind, B, new, cached in cases:
+        inputs = attention_case(B, new, cached, nq, kvh, hd, args.page_size, dtype)
+        flops, nbytes = attention_cost(B, new, cached, nq, kvh, hd, jnp.dtype(dtype).itemsize)
+        for backend in ("pallas", "xla"):
+            fn = jax.jit(lambda *a, backend=backend: paged_attention(
+                *a, scale=hd ** -0.5, backend=backend))
+            try:
+                ms = timeit(fn, *inputs, runs=runs)
+            except Exception as e:  # report and go on: one failing lowering must not hide the rest
+                print(f"{kind} B={B} new={new} cached={cached} {backend}: FAILED {e!r}"[:400])
+                ms = float("nan")
+            row = dict(kind=kind, batch=B, new=new, cached=cached, backend=backend, ms=ms,
+                       tflops=flops / ms / 1e9, gbs=nbytes / ms / 1e6)
+            row.update(pct_matmul=100 * row["tflops"] / tflops, pct_copy=100 * row["gbs"] / gbs)
+            rows.append(row)
+            print(f"{kind} B={B} new={new} cached={cached} {backend}: {ms:.3f} ms", flush=True)
+        del inputs
+
+    print(f"\nattention, {nq}q/{kvh}kv heads, head_dim {hd}, {jnp.dtype(dtype).name}, "
+          f"page {args.page_size}; peaks: copy {gbs:.0f} GB/s, matmul {tflops:.1f} TFLOP/s; "
+          f"timing took {time.perf_counter() - t0:.0f} s; kernel tests rc={rc}")
+    print(f"{'case':<26}{'backend':<8}{'ms':>10}{'TFLOP/s':>10}{'%mm':>7}{'GB/s':>9}{'%copy':>7}")
+    for r in rows:
+        name = f"{r['kind']} {r['batch']}x{r['new']}+{r['cached']}"
+        print(f"{name:<26}{r['backend']:<8}{r['ms']:>10.3f}{r['tflops']:>10.2f}"
+              f"{r['pct_matmul']:>7.1f}{r['gbs']:>9.0f}{r['pct_copy']:>7.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(dict(copy_gbs=gbs, matmul_tflops=tflops, tests_rc=rc,
+                                             rows=rows), indent=1))
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny Hugging Face checkpoints (built with transformers) and engines over them.
+
+Engines are session-scoped and use a small bucket grid, so each test file compiles only a few
+executables; the persistent compilation cache makes subprocess tests and re-runs cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("LAPS_JAX_CACHE_DIR", os.path.join(ROOT, ".jax_cache"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from laps_jax.engine.executables import enable_persistent_cache  # noqa: E402
+
+enable_persistent_cache()
+
+# name -> keyword arguments of hf_fixtures.make_tiny_qwen2_checkpoint
+CHECKPOINTS = {
+    "gqa2_untied": dict(num_heads=4, num_kv_heads=2, rope_theta=10000.0, seed=1),
+    "mha_tied": dict(num_heads=4, num_kv_heads=4, tie_word_embeddings=True, rope_theta=500.0,
+                     rms_norm_eps=1e-5, seed=2),
+    "gqa4_hd32": dict(hidden_size=96, num_heads=8, num_kv_heads=2, head_dim=32,
+                      intermediate_size=160, num_layers=3, rope_theta=1e6, seed=3),
+    "sharded_bf16": dict(num_heads=6, num_kv_heads=2, hidden_size=96, dtype="bfloat16",
+                         shard=True, seed=4),
+}
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> path of a tiny random Qwen2 checkpoint (built once per session)."""
+    from hf_fixtures import make_tiny_qwen2_checkpoint
+    made: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in made:
+            path = tmp_path_factory.mktemp(name)
+            made[name] = str(make_tiny_qwen2_checkpoint(path, **CHECKPOINTS[name]))
+        return made[name]
+
+    return get
+
+
+def small_engine_config(**kw):
+    from laps_jax.config import EngineConfig
+    base = dict(page_size=8, kv_cache_tokens=4096, max_model_len=512, max_chunk=64,
+                min_chunk=16, max_prefill_batch=4, max_decode_batch=4, max_batch_tokens=128)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def engine_for(checkpoint):
+    """engine_for(name) -> (Engine, hf_dir) with float32 weights, warmed up once per session."""
+    from laps_jax.engine.engine import Engine
+    from laps_jax.models.loader import load_model
+    from laps_jax.server.tokenizer import Tokenizer
+    made: dict[str, tuple] = {}
+
+    def get(name: str, prompt_logprobs: bool = False):
+        if name not in made:
+            path = checkpoint(name)
+            loaded = load_model(path, "float32")
+            eng = Engine(loaded.cfg, loaded.params, small_engine_config(),
+                         Tokenizer(path).eos_token_ids)
+            made[name] = (eng, path)
+        eng, path = made[name]
+        return eng, path
+
+    return get

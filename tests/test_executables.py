@@ -1,0 +1,45 @@
+"""Every shape is a precompiled bucket: no compile after warm-up, whatever lengths come in."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from laps_jax.config import PRESETS
+from laps_jax.engine.engine import Engine
+from laps_jax.engine.executables import BucketGrid, jax_compile_events
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.models.qwen2 import init_params
+
+from conftest import small_engine_config
+
+
+def test_bucket_choice_is_minimal():
+    g = BucketGrid.default(max_chunk=256, max_prefill_batch=8, max_decode_batch=16,
+                           max_batch_tokens=512)
+    b = g.fit_prefill(3, 20)
+    assert (b.batch, b.tokens) == (4, 32)
+    assert (g.fit_prefill(1, 256).batch, g.fit_prefill(1, 256).tokens) == (1, 256)
+    assert g.fit_prefill(8, 256) is None  # over the token budget
+    assert g.fit_decode(5).batch == 8 and g.fit_decode(17) is None
+    for bucket in g.prefill_buckets():
+        assert bucket.batch == 1 or bucket.batch * bucket.tokens <= 512
+
+
+def test_no_compile_after_warmup_across_many_lengths():
+    cfg = PRESETS["tiny"]
+    eng = Engine(cfg, init_params(cfg), small_engine_config(max_decode_batch=8))
+    eng.warmup()
+    n_exec = len(eng.runner.executables)
+    events = jax_compile_events()
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 300, 40)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in lengths]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 6)),
+                             temperature=float(rng.choice([0.0, 0.8])), seed=i)
+              for i in range(len(prompts))]
+    out = eng.generate(prompts, params)
+    assert all(len(s.output) == s.params.max_tokens for s in out)
+    assert eng.runner.executables.compiles_after_warmup == 0
+    assert len(eng.runner.executables) == n_exec
+    assert jax_compile_events() == events  # no XLA compile anywhere, not even a stray jnp op
+    assert eng.kv.num_used == 0
