@@ -124,7 +124,7 @@ PRESETS: dict[str, ModelConfig] = {
     # Small enough that tests compile and run in seconds.
     "tiny": ModelConfig(512, 64, 128, 2, 4, 2, 16, 10000.0, 1e-6, False, 4096, "tiny"),
     # Sized so a 2048-token float32 prefill takes about 1 s on the 2-core CI CPU.
-    "bench-cpu": ModelConfig(8192, 512, 1792, 8, 8, 2, 64, 1e6, 1e-6, False, 8192, "bench-cpu"),
+    "bench-cpu": ModelConfig(8192, 384, 1024, 6, 6, 2, 64, 1e6, 1e-6, False, 8192, "bench-cpu"),
 }
 
 

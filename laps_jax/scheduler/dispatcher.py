@@ -1,0 +1,143 @@
+"""The asyncio dispatcher: the scheduler's public API (what the HTTP server uses).
+
+    dispatcher = Dispatcher(engine, mode="laps", config=SchedulerConfig(), latency_model=model)
+    await dispatcher.start()
+    handle = dispatcher.submit(prompt_ids, SamplingParams(max_tokens=64), slo=0.5)
+    async for ev in handle:          # TokenEvent(token_id, logprob, top, index)
+        ...
+    stats = await handle.result()    # RequestStats: ttft, prefill_latency, cached_tokens, pool...
+    handle.abort()                   # leaves its pool at once, pages freed
+    dispatcher.metrics()             # SchedulerMetrics (queues, batches, buckets, padding, KV...)
+    await dispatcher.stop(drain=True)
+
+Modes: "mixed" (FCFS baseline: one prefill queue, token budget, chunked prefill, same
+executables and prefix cache), "laps" (temporal: short pool with its waiting window first, long
+chunks between, starvation bound; one device group), "laps-spatial" (two device groups running
+concurrently: `engine` serves the short pool, `long_engine` the long pool; each group decodes
+the requests it prefilled, so no KV moves between groups. A request goes to the group whose
+prefix cache holds more of its prompt when its new tokens are short, else to the long group).
+
+`engine` may be an `Engine` (run on a worker thread by `EngineExecutor`) or any
+`StepExecutor`, e.g. a `SimExecutor` with `clock=SimClock()` under `run_simulated`. `submit`
+raises ValueError (with the limit) for a request that can never run. `slo` is the request's
+TTFT target in seconds: the short pool dispatches early rather than miss it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence as Seq
+
+from laps_jax.engine.engine import Engine
+from laps_jax.engine.sequence import SamplingParams, Sequence
+from laps_jax.scheduler.clock import Clock, RealClock
+from laps_jax.scheduler.executor import EngineExecutor, StepExecutor
+from laps_jax.scheduler.lane import Lane
+from laps_jax.scheduler.latency_model import LatencyModel
+from laps_jax.scheduler.metrics import SchedulerMetrics
+from laps_jax.scheduler.policy import MODES, SchedulerConfig, derive, make_planner
+from laps_jax.scheduler.request import Request, RequestHandle, RequestStats, new_request_id
+
+
+def _executor(x, name: str) -> StepExecutor:
+    return EngineExecutor(x, name) if isinstance(x, Engine) else x
+
+
+class Dispatcher:
+    def __init__(self, engine, mode: str = "laps", config: SchedulerConfig | None = None, *,
+                 long_engine=None, clock: Clock | None = None,
+                 latency_model: LatencyModel | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "laps-spatial" and long_engine is None:
+            raise ValueError("laps-spatial needs a second device group: pass long_engine")
+        self.mode, self.config = mode, config or SchedulerConfig()
+        self.clock = clock or RealClock()
+        self.model = latency_model
+        names = ["short", "long"] if mode == "laps-spatial" else [mode]
+        execs = [_executor(engine, names[0])]
+        if mode == "laps-spatial":
+            execs.append(_executor(long_engine, names[1]))
+        self.derived = derive(self.config, execs[0].grid, latency_model)
+        self.threshold = self.derived.threshold
+        self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
+                           self.threshold, self._on_finish) for n, ex in zip(names, execs)]
+        self.live: dict[str, Request] = {}
+        self.counts = {"submitted": 0, "finished": 0, "aborted": 0, "failed": 0}
+        self._tasks: list[asyncio.Task] = []
+        self._accepting = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(lane.run()) for lane in self.lanes]
+        self._accepting = True
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stops accepting; finishes (drain) or aborts what is running; ends the lanes."""
+        self._accepting = False
+        if not drain:
+            for r in list(self.live.values()):
+                self.abort(r)
+        for lane in self.lanes:
+            lane.stopping = True
+            lane.wake.set()
+        await asyncio.gather(*self._tasks)
+        for lane in self.lanes:
+            await lane.executor.close()
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, prompt: Seq[int], params: SamplingParams | None = None,
+               arrival_time: float | None = None, slo: float | None = None,
+               request_id: str | None = None) -> RequestHandle:
+        if not self._accepting:
+            raise RuntimeError("the dispatcher is not running (start() it, or it is stopping)")
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        for lane in self.lanes:
+            lane.executor.check(prompt, params.max_tokens)
+        now = self.clock.now()
+        arrival = now if arrival_time is None else arrival_time
+        stats = RequestStats(request_id or new_request_id(), arrival, len(prompt), slo_s=slo)
+        r = Request(Sequence(prompt, params), stats,
+                    deadline=arrival + slo if slo is not None else float("inf"))
+        r.handle = RequestHandle(r, self.abort)
+        self.live[stats.request_id] = r
+        self.counts["submitted"] += 1
+        self._route(r).submit(r)
+        return r.handle
+
+    def abort(self, r: Request | RequestHandle | str) -> None:
+        """Aborts a request (its handle, the request, or its id); a no-op once finished."""
+        if isinstance(r, str):
+            r = self.live.get(r)
+        elif isinstance(r, RequestHandle):
+            r = r.request
+        if r is None or r.done or r.lane is None:
+            return
+        r.lane.abort(r)
+
+    def _route(self, r: Request) -> Lane:
+        if len(self.lanes) == 1:
+            return self.lanes[0]
+        short, long = self.lanes
+        prompt = r.seq.prompt
+        cs, cl = short.executor.cached_prefix(prompt), long.executor.cached_prefix(prompt)
+        cached = max(cs, cl)
+        if len(prompt) - cached <= self.threshold(cached):
+            return short if cs >= cl else long
+        return long
+
+    def _on_finish(self, r: Request) -> None:
+        self.live.pop(r.stats.request_id, None)
+        reason = r.stats.finish_reason
+        key = "aborted" if reason == "abort" else "failed" if reason == "error" else "finished"
+        self.counts[key] += 1
+
+    # -- observability --------------------------------------------------------------------
+    def metrics(self) -> SchedulerMetrics:
+        return SchedulerMetrics(self.mode, self.counts["submitted"], self.counts["finished"],
+                                self.counts["aborted"], self.counts["failed"], len(self.live),
+                                [lane.metrics() for lane in self.lanes])
+
+    def is_short(self, new_tokens: int, cached: int = 0) -> bool:
+        return new_tokens <= self.threshold(cached)

@@ -1,0 +1,194 @@
+"""A lane: one device group's loop. Admits, asks its planner for prefill, interleaves decode.
+
+Each iteration admits waiting requests (pages + prefix match, which classifies them by new
+tokens), then runs one step: a decode step right after a prefill step whenever sequences are
+decoding (continuous batching in decode buckets, round robin past the largest bucket), else the
+planner's prefill, else it waits on the clock for the planner's time or the next event. Steps
+run on the executor; the loop itself never blocks. A request in flight when it is aborted is
+released as soon as its step returns; any other is released at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Callable
+
+from laps_jax.engine.kv_cache import OutOfPages
+from laps_jax.scheduler.clock import Clock
+from laps_jax.scheduler.executor import StepExecutor
+from laps_jax.scheduler.metrics import LaneCounters, LaneMetrics
+from laps_jax.scheduler.pools import PrefillPlan, WaitUntil
+from laps_jax.scheduler.request import LONG, SHORT, Request, token_event
+
+log = logging.getLogger(__name__)
+
+
+class Lane:
+    def __init__(self, name: str, executor: StepExecutor, planner, clock: Clock,
+                 threshold: Callable[[int], int], on_finish: Callable[[Request], None]):
+        self.name, self.executor, self.planner, self.clock = name, executor, planner, clock
+        self.threshold, self.on_finish = threshold, on_finish
+        self.incoming: collections.deque[Request] = collections.deque()
+        self.decoding: list[Request] = []
+        self.inflight: set[Request] = set()
+        self.counters = LaneCounters()
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self._last = ""
+        self.max_decode = executor.grid.decode_batches[-1]
+
+    # -- from the dispatcher --------------------------------------------------------------
+    def submit(self, r: Request) -> None:
+        r.lane = self
+        r.stats.lane = self.name
+        self.incoming.append(r)
+        self.wake.set()
+
+    def abort(self, r: Request) -> None:
+        """Out of every queue now; pages freed now, or when its in-flight step returns."""
+        r.aborted = True
+        if r in self.incoming:
+            self.incoming.remove(r)
+        self.planner.remove(r)
+        if r in self.decoding:
+            self.decoding.remove(r)
+        if r not in self.inflight and r.seq.pages is not None:
+            asyncio.ensure_future(self.executor.release([r.seq], "abort"))
+        self._finish(r, "abort")
+        self.wake.set()
+
+    def has_work(self) -> bool:
+        return bool(self.incoming or self.decoding or self.inflight
+                    or any(self.planner.queue_lengths().values()))
+
+    def metrics(self) -> LaneMetrics:
+        q = dict(self.planner.queue_lengths(), admission=len(self.incoming),
+                 decode=len(self.decoding))
+        w = self.planner.window
+        return LaneMetrics(self.name, q, self.counters, w.waits if w else 0,
+                           w.wait_seconds if w else 0.0, self.executor.stats())
+
+    # -- the loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            self.wake.clear()
+            try:
+                await self._admit()
+                act = self._next(self.clock.now())
+                if act == "decode":
+                    await self._decode()
+                elif isinstance(act, PrefillPlan):
+                    await self._prefill(act)
+                else:
+                    if self.stopping and not self.has_work():
+                        return
+                    timeout = None if act is None else act.t - self.clock.now()
+                    self.counters.idle_waits += 1
+                    await self.clock.wait(self.wake, timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broken step must not take the lane down with it
+                log.exception("lane %s: step failed", self.name)
+                self.counters.failed_steps += 1
+                await self._fail(list(self.inflight), "error")
+                self.inflight.clear()
+
+    def _next(self, now: float):
+        plan = self.planner.plan(now)
+        if self.decoding and (self._last == "prefill" or not isinstance(plan, PrefillPlan)):
+            return "decode"
+        return plan
+
+    async def _admit(self) -> None:
+        if not self.incoming:
+            return
+        batch = list(self.incoming)
+        n = await self.executor.admit([r.seq for r in batch])
+        now = self.clock.now()
+        for r in batch[:n]:
+            if r in self.incoming:
+                self.incoming.remove(r)
+            if r.aborted:
+                await self.executor.release([r.seq], "abort")
+                continue
+            st = r.stats
+            st.admitted, st.cached_tokens = now, r.seq.cached_tokens
+            st.new_tokens = r.seq.remaining_prefill
+            st.pool = SHORT if st.new_tokens <= self.threshold(st.cached_tokens) else LONG
+            self.planner.add(r, now)
+
+    async def _prefill(self, plan: PrefillPlan) -> None:
+        self._last = "prefill"
+        if self.planner.window is not None and plan.pool == SHORT:
+            self.planner.window.record(plan.waited)
+        self.inflight = {r for r, _ in plan.work}
+        info = await self.executor.prefill([(r.seq, n) for r, n in plan.work])
+        self.counters.record(info, plan.pool)
+        now = self.clock.now()
+        self.inflight = set()
+        for r, _ in plan.work:
+            r.last_served = now
+            if r.aborted:
+                await self.executor.release([r.seq], "abort")
+                continue
+            if r.seq.remaining_prefill == 0:
+                r.stats.prefill_done = now
+                self.planner.remove(r)
+                self._deliver(r, now)
+                if not r.seq.is_finished:
+                    self.decoding.append(r)
+
+    async def _decode(self) -> None:
+        self._last = "decode"
+        batch = self.decoding[:self.max_decode]
+        self.inflight = set(batch)
+        try:
+            info = await self.executor.decode([r.seq for r in batch])
+        except OutOfPages:  # admission should prevent it; fail the newest rather than hang
+            self.inflight = set()
+            await self._fail([batch[-1]], "error")
+            return
+        self.counters.record(info)
+        now = self.clock.now()
+        self.inflight = set()
+        rest = self.decoding[len(batch):]
+        for r in batch:
+            if r.aborted:
+                await self.executor.release([r.seq], "abort")
+                continue
+            self._deliver(r, now)
+            if not r.seq.is_finished:
+                rest.append(r)
+        self.decoding = [r for r in rest if not r.aborted]
+
+    # -- results --------------------------------------------------------------------------
+    def _deliver(self, r: Request, now: float) -> None:
+        seq = r.seq
+        for lp in seq.logprobs[r.delivered:]:
+            if r.stats.first_token is None:
+                r.stats.first_token = now
+            r.handle._push(token_event(lp, r.delivered))
+            r.delivered += 1
+        if seq.is_finished:
+            self._finish(r, seq.finish_reason or "stop")
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r.done:
+            return
+        r.stats.finished = self.clock.now()
+        r.stats.finish_reason = "abort" if r.aborted else (r.seq.finish_reason or reason)
+        r.stats.output_tokens = r.delivered
+        r.handle._close()
+        self.on_finish(r)
+
+    async def _fail(self, reqs: list[Request], reason: str) -> None:
+        for r in reqs:
+            self.planner.remove(r)
+            if r in self.decoding:
+                self.decoding.remove(r)
+            r.seq.finish_reason = reason
+            if r.seq.pages is not None:
+                await self.executor.release([r.seq], reason)
+            self._finish(r, reason)

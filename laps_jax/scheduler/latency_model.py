@@ -1,0 +1,278 @@
+"""Prefill latency as a roofline, and the short/long threshold that falls out of it.
+
+A prefill step runs two kinds of kernels, each bound by its compute or its memory traffic:
+
+    t = overhead + max(gemm_flops / peak_flops, weight_bytes / bandwidth)
+                 + max(attn_flops / attn_flops_rate, kv_bytes / kv_bandwidth)
+
+`gemm_flops` is 2 x (layer + lm_head) params x computed tokens and `weight_bytes` the weights
+read once per step plus the activations each matmul writes and reads back; `attn_flops` is the
+attention over cached + new keys and `kv_bytes` the cached K/V read plus the new K/V written. A
+`DeviceSpec` holds the rates; for a real machine they are fitted (non-negative least squares on
+relative error) to timings of the engine's own executables (`scripts/profile_latency.py`), for a
+GPU they come from its datasheet or measured ceilings. The simulator reuses the same model.
+
+The threshold is the smallest number of new tokens for which a prefill's compute time reaches
+its memory time: below it a prefill is memory-bound (extra tokens are almost free, so batching
+short requests pays), above it compute-bound (tokens cost their FLOPs: chunk and order them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from laps_jax.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """A device described by numbers: what the simulator and the threshold need."""
+
+    name: str
+    peak_flops: float            # attainable dense matmul FLOP/s
+    mem_bandwidth: float         # attainable bytes/s
+    step_overhead_s: float       # fixed cost of one step (launch, host work, sampling)
+    attn_flops: float | None = None    # attention FLOP/s (default: peak_flops)
+    kv_bandwidth: float | None = None  # K/V bytes/s of attention (default: mem_bandwidth)
+
+    @property
+    def attn_rate(self) -> float:
+        return self.attn_flops or self.peak_flops
+
+    @property
+    def kv_rate(self) -> float:
+        return self.kv_bandwidth or self.mem_bandwidth
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceSpec":
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+# Datasheet H200 SXM: 989 TFLOP/s dense bf16, 4.8 TB/s HBM3e.
+H200 = DeviceSpec("h200", 989e12, 4.8e12, 40e-6)
+# Ceilings measured on this workplace's H200 (device KINDS.md): 788 TFLOP/s bf16 GEMM on random
+# data, 4.3 TB/s device-to-device copy.
+H200_MEASURED = DeviceSpec("h200-measured", 788e12, 4.3e12, 40e-6)
+DEVICES = {d.name: d for d in (H200, H200_MEASURED)}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """One prefill step: each sequence's new and cached tokens, and the computed (padded) shape."""
+
+    new: tuple[int, ...]
+    cached: tuple[int, ...]
+    batch: int   # rows the executable computes (>= len(new))
+    tokens: int  # tokens per row it computes (>= max(new))
+
+    @classmethod
+    def exact(cls, new: Sequence[int], cached: Sequence[int] | None = None) -> "StepShape":
+        cached = tuple(cached) if cached is not None else (0,) * len(new)
+        return cls(tuple(new), cached, len(new), max(new))
+
+    @classmethod
+    def bucketed(cls, new: Sequence[int], cached: Sequence[int], batch: int,
+                 tokens: int) -> "StepShape":
+        return cls(tuple(new), tuple(cached), batch, tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    gemm_flops: float
+    weight_bytes: float  # weights + activations
+    attn_flops: float
+    kv_bytes: float      # cached K/V read + new K/V written
+
+
+def _layer_linear_params(cfg: ModelConfig) -> int:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return cfg.num_layers * (h * cfg.q_size + 2 * h * cfg.kv_size + cfg.q_size * h + 3 * h * i)
+
+
+def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int = 1) -> StepCost:
+    """FLOPs and bytes of a step. kv_block > 1: attention walks every row over the batch's
+    longest context in blocks of kv_block keys (the CPU XLA path); 1: exact per sequence."""
+    lin = _layer_linear_params(cfg)
+    h, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
+    rows_tokens = shape.batch * shape.tokens
+    gemm = 2.0 * lin * rows_tokens + 2.0 * h * V * shape.batch
+    kvb = cfg.kv_bytes_per_token(itemsize)
+    per_qk = 4.0 * L * cfg.num_heads * cfg.head_dim  # QK^T and PV, per query per key
+    if kv_block > 1:
+        kv = max(c + n for c, n in zip(shape.cached, shape.new))
+        kv = -(-kv // kv_block) * kv_block
+        attn = per_qk * rows_tokens * kv
+        kv_read = shape.batch * kv * kvb
+        kv_write = rows_tokens * kvb
+    else:
+        attn = sum(per_qk * n * (c + (n + 1) / 2) for n, c in zip(shape.new, shape.cached))
+        kv_read = sum(c + n for n, c in zip(shape.new, shape.cached)) * kvb
+        kv_write = sum(shape.new) * kvb
+    weights = itemsize * (lin + L * 2 * h + h + V * h)  # layers, norms, lm_head (embed: gather)
+    act_per_token = L * itemsize * (5 * h + 2 * cfg.q_size + 2 * cfg.kv_size
+                                    + 3 * cfg.intermediate_size)
+    return StepCost(gemm, weights + act_per_token * rows_tokens, attn, kv_read + kv_write)
+
+
+@dataclasses.dataclass
+class LatencyModel:
+    """Predicts step latency for one model on one device; finds the short/long threshold."""
+
+    cfg: ModelConfig
+    itemsize: int
+    device: DeviceSpec
+    kv_block: int = 1
+
+    def kernel_times(self, shape: StepShape) -> tuple[float, float, float, float]:
+        """(gemm compute, weight memory, attention compute, K/V memory) seconds."""
+        c = step_cost(self.cfg, self.itemsize, shape, self.kv_block)
+        d = self.device
+        return (c.gemm_flops / d.peak_flops, c.weight_bytes / d.mem_bandwidth,
+                c.attn_flops / d.attn_rate, c.kv_bytes / d.kv_rate)
+
+    def terms(self, shape: StepShape) -> tuple[float, float]:
+        """(compute seconds, memory seconds) of a step, overhead excluded."""
+        g, w, a, k = self.kernel_times(shape)
+        return g + a, w + k
+
+    def predict(self, shape: StepShape) -> float:
+        g, w, a, k = self.kernel_times(shape)
+        return self.device.step_overhead_s + max(g, w) + max(a, k)
+
+    def predict_prefill(self, new: int, cached: int = 0, grid=None) -> float:
+        """Isolated prefill of `new` tokens over `cached`: chunks of the grid's largest bucket,
+        each padded to its smallest bucket (exact shapes without a grid)."""
+        total, done = 0.0, 0
+        chunk = grid.max_chunk if grid is not None else max(new, 1)
+        while done < new:
+            n = min(chunk, new - done)
+            if grid is not None:
+                b = grid.fit_prefill(1, n)
+                shape = StepShape.bucketed((n,), (cached + done,), b.batch, b.tokens)
+            else:
+                shape = StepShape.exact((n,), (cached + done,))
+            total += self.predict(shape)
+            done += n
+        return total
+
+    def threshold(self, cached: int = 0, limit: int = 1 << 20) -> int:
+        """Smallest new-token count whose single-sequence prefill over `cached` tokens is
+        compute-bound (compute term >= memory term)."""
+        def bound(n: int) -> bool:
+            comp, mem = self.terms(StepShape.exact((n,), (cached,)))
+            return comp >= mem
+        hi = 1
+        while not bound(hi):
+            hi *= 2
+            if hi > limit:
+                return limit
+        lo = hi // 2 + 1 if hi > 1 else 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if bound(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def to_dict(self) -> dict:
+        return {"model": self.cfg.name, "itemsize": self.itemsize, "kv_block": self.kv_block,
+                "device": self.device.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict, cfg: ModelConfig) -> "LatencyModel":
+        return cls(cfg, int(d["itemsize"]), DeviceSpec.from_dict(d["device"]),
+                   int(d.get("kv_block", 1)))
+
+    @classmethod
+    def load(cls, path: str, cfg: ModelConfig) -> "LatencyModel":
+        with open(path) as f:
+            return cls.from_dict(json.load(f)["latency_model"], cfg)
+
+    @classmethod
+    def fit(cls, cfg: ModelConfig, itemsize: int, shapes: Sequence[StepShape],
+            seconds: Sequence[float], kv_block: int = 1, name: str = "fitted") -> "LatencyModel":
+        """Fits overhead and the three rates to measured step times (see `fit_roofline`)."""
+        costs = [step_cost(cfg, itemsize, s, kv_block) for s in shapes]
+        o, cg, cw, ca, ck = fit_roofline(costs, seconds)
+        inv = lambda c: 1.0 / c if c > 0 else 1e30  # a rate never limiting stays "infinite"
+        dev = DeviceSpec(name, inv(cg), inv(cw), o, inv(ca), inv(ck))
+        return cls(cfg, itemsize, dev, kv_block)
+
+
+def _nnls_small(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of unknowns: best feasible active set
+    (for each subset of columns the unconstrained solution; keep the best all-non-negative)."""
+    k = A.shape[1]
+    best, best_res = np.zeros(k), float(np.sum(b * b))
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            x, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+            if np.any(x < 0):
+                continue
+            res = float(np.sum((A[:, cols] @ x - b) ** 2))
+            if res < best_res:
+                best_res, best = res, np.zeros(k)
+                best[list(cols)] = x
+    return best
+
+
+def fit_roofline(costs: Sequence[StepCost], seconds: Sequence[float]) -> tuple[float, ...]:
+    """(overhead, s/gemm-FLOP, s/weight-byte, s/attn-FLOP, s/kv-byte) >= 0 minimising the
+    relative squared error of overhead + max(gemm, weights) + max(attention, kv).
+
+    Given which side of its ridge each kernel sits on in every sample, the model is linear; the
+    ridge is a cut in the order of arithmetic intensity, so start from cuts at every decile of
+    both intensities, solve each by NNLS, reassign regimes from the solution until stable, and
+    keep the best.
+    """
+    t = np.asarray(seconds, float)
+    X = np.array([[c.gemm_flops, c.weight_bytes, c.attn_flops, c.kv_bytes] for c in costs], float)
+    scale = np.concatenate([[1.0], np.maximum(X.max(0), 1.0)])
+
+    def solve(mem_g: np.ndarray, mem_a: np.ndarray) -> np.ndarray:
+        A = np.zeros((len(t), 5))
+        A[:, 0] = 1.0
+        A[~mem_g, 1], A[mem_g, 2] = X[~mem_g, 0], X[mem_g, 1]
+        A[~mem_a, 3], A[mem_a, 4] = X[~mem_a, 2], X[mem_a, 3]
+        A = A / scale / t[:, None]
+        return _nnls_small(A, np.ones(len(t))) / scale
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return (x[0] + np.maximum(X[:, 0] * x[1], X[:, 1] * x[2])
+                + np.maximum(X[:, 2] * x[3], X[:, 3] * x[4]))
+
+    def cuts(intensity: np.ndarray) -> list[np.ndarray]:
+        qs = np.quantile(intensity, np.linspace(0, 1, 11))
+        return [intensity <= q for q in qs] + [np.zeros(len(t), bool)]
+
+    gi = X[:, 0] / np.maximum(X[:, 1], 1.0)
+    ai = X[:, 2] / np.maximum(X[:, 3], 1.0)
+    best, best_err, tried = None, math.inf, set()
+    for mg in cuts(gi):
+        for ma in cuts(ai):
+            for _ in range(20):
+                key = (mg.tobytes(), ma.tobytes())
+                if key in tried:
+                    break
+                tried.add(key)
+                x = solve(mg, ma)
+                err = float(np.sum(((predict(x) - t) / t) ** 2))
+                if err < best_err:
+                    best, best_err = x, err
+                mg, ma = X[:, 1] * x[2] > X[:, 0] * x[1], X[:, 3] * x[4] > X[:, 2] * x[3]
+    return tuple(float(v) for v in best)
+
+
+def relative_errors(model: LatencyModel, shapes: Iterable[StepShape],
+                    seconds: Iterable[float]) -> list[float]:
+    return [abs(model.predict(s) - t) / t for s, t in zip(shapes, seconds)]

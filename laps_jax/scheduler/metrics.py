@@ -1,0 +1,71 @@
+"""Counters the dispatcher keeps for /metrics: plain numbers the server exports as it likes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from laps_jax.scheduler.executor import ExecutorStats, StepInfo
+
+
+@dataclasses.dataclass
+class LaneCounters:
+    """Cumulative counters of one lane (device group), updated on the event loop."""
+
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    prefill_steps_by_pool: dict[str, int] = dataclasses.field(default_factory=dict)
+    prefill_batch_sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+    decode_batch_sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    idle_waits: int = 0
+    failed_steps: int = 0
+
+    def record(self, info: StepInfo, pool: str = "") -> None:
+        if info.kind == "prefill":
+            self.prefill_steps += 1
+            self.prefill_tokens += info.tokens
+            self.prefill_seconds += info.seconds
+            self.prefill_steps_by_pool[pool] = self.prefill_steps_by_pool.get(pool, 0) + 1
+            hist = self.prefill_batch_sizes
+        else:
+            self.decode_steps += 1
+            self.decode_seconds += info.seconds
+            hist = self.decode_batch_sizes
+        hist[info.seqs] = hist.get(info.seqs, 0) + 1
+
+
+@dataclasses.dataclass
+class LaneMetrics:
+    name: str
+    queue_lengths: dict[str, int]   # per pool, plus "admission" and "decode"
+    counters: LaneCounters
+    window_waits: int
+    window_wait_seconds: float
+    executor: ExecutorStats
+
+
+@dataclasses.dataclass
+class SchedulerMetrics:
+    """A snapshot: `dispatcher.metrics()`. `to_dict()` gives flat JSON-able numbers."""
+
+    mode: str
+    submitted: int
+    finished: int
+    aborted: int
+    failed: int
+    running: int
+    lanes: list[LaneMetrics]
+
+    @property
+    def compiles_after_warmup(self) -> int:
+        return sum(l.executor.compiles_after_warmup for l in self.lanes)
+
+    def queue_length(self, pool: str) -> int:
+        return sum(l.queue_lengths.get(pool, 0) for l in self.lanes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["compiles_after_warmup"] = self.compiles_after_warmup
+        return d

@@ -1,0 +1,142 @@
+"""Scheduler settings and the two prefill policies: mixed (FCFS baseline) and laps (temporal).
+
+A planner owns the waiting prefill work of one device group and answers one question at each
+step boundary: what prefill to run now (`PrefillPlan`), or until when to wait (`WaitUntil`), or
+nothing. Decode interleaving is the lane's business, not the planner's. Planners read the time
+only from the `now` they are given, so tests drive them with any clock.
+
+laps order of precedence: a long request postponed past `max_postpone_s` first (no starvation);
+then a short batch that is ready (bucket full, window over, or a deadline close); while a short
+window is open the device waits for it; otherwise a long chunk. Inside each pool work is ordered
+by remaining new tokens minus an aging credit (DESIGN.md, policy notes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+from laps_jax.engine.executables import Bucket, BucketGrid
+from laps_jax.scheduler.latency_model import LatencyModel, StepShape
+from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
+                                      Work)
+from laps_jax.scheduler.request import LONG, SHORT, Request
+from laps_jax.scheduler.window import WaitingWindow, WindowConfig
+
+MODES = ("mixed", "laps", "laps-spatial")
+
+
+@dataclasses.dataclass
+class SchedulerConfig:
+    """Every knob of the dispatcher; None means "derive from the latency model"."""
+
+    threshold: int | None = None          # short/long cut in new tokens (None: model's crossover)
+    window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
+    budget_tokens: int | None = None      # padded tokens per prefill step (None: grid's budget)
+    long_budget_tokens: int | None = None  # laps long-pool chunk budget (None: budget_tokens)
+    max_postpone_s: float | None = None   # starvation bound of the long pool
+    aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
+    max_padding: float = 0.5              # largest padded share a batch may grow to
+    fallback_threshold: int = 256         # used when there is no latency model
+
+
+@dataclasses.dataclass
+class Derived:
+    """Settings resolved against a grid and a latency model (what the pools actually use)."""
+
+    threshold: Callable[[int], int]
+    budget: int
+    long_budget: int
+    max_postpone_s: float
+    aging: float
+    predict: Callable[[Work, Bucket], float]
+    window: WindowConfig
+
+
+def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
+    budget = cfg.budget_tokens or grid.max_batch_tokens
+    long_budget = cfg.long_budget_tokens or budget
+    window = dataclasses.replace(cfg.window)
+    if model is None:
+        fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
+        return Derived(lambda c: fixed, budget, long_budget, cfg.max_postpone_s or 1.0,
+                       cfg.aging_tokens_per_s or 2000.0, lambda w, b: 0.0, window)
+
+    full = model.predict(StepShape.exact((min(long_budget, grid.max_chunk),)))
+    aging = cfg.aging_tokens_per_s or long_budget / full  # one full step's tokens per step time
+    postpone = cfg.max_postpone_s or 8.0 * full
+    if window.max_s is None:  # wait at most half the cheapest step: never worse than 1.5x it
+        smallest = grid.prefill_buckets()[0]
+        window.max_s = 0.5 * model.predict(StepShape.exact((smallest.tokens,)))
+
+    if cfg.threshold is not None:
+        fixed = min(cfg.threshold, grid.max_chunk)
+        threshold = lambda c: fixed
+    else:
+        @functools.lru_cache(maxsize=256)
+        def by_block(block: int) -> int:
+            return min(model.threshold(block * 256), grid.max_chunk)
+        threshold = lambda c: by_block(c // 256)
+
+    def predict(work: Work, bucket: Bucket) -> float:
+        return model.predict(StepShape.bucketed([n for _, n in work],
+                                                [r.seq.num_computed for r, _ in work],
+                                                bucket.batch, bucket.tokens))
+    return Derived(threshold, budget, long_budget, postpone, aging, predict, window)
+
+
+class MixedPlanner:
+    """One FCFS queue for all prefill work (the baseline every LAPS claim is measured against)."""
+
+    def __init__(self, grid: BucketGrid, d: Derived):
+        self.queue = FCFSQueue(grid, d.budget, 0.0)
+        self.window = None
+
+    def add(self, r: Request, now: float) -> None:
+        self.queue.add(r, now)
+
+    def remove(self, r: Request) -> None:
+        self.queue.remove(r)
+
+    def plan(self, now: float) -> PrefillPlan | WaitUntil | None:
+        return self.queue.plan(now)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {"mixed": len(self.queue)}
+
+
+class LapsPlanner:
+    """Short pool first behind its waiting window, long chunks between, starvation bound."""
+
+    def __init__(self, grid: BucketGrid, d: Derived):
+        self.window = WaitingWindow(d.window)
+        self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict)
+        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s)
+
+    def add(self, r: Request, now: float) -> None:
+        (self.short if r.stats.pool == SHORT else self.long).add(r, now)
+
+    def remove(self, r: Request) -> None:
+        self.short.remove(r)
+        self.long.remove(r)
+
+    def plan(self, now: float) -> PrefillPlan | WaitUntil | None:
+        starved = self.long.starved(now)
+        if starved is not None:
+            return self.long.plan(now, first=starved)
+        s = self.short.plan(now)
+        if isinstance(s, PrefillPlan):
+            return s
+        if isinstance(s, WaitUntil):
+            return WaitUntil(min(s.t, self.long.starve_time())) if len(self.long) else s
+        return self.long.plan(now)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return {SHORT: len(self.short), LONG: len(self.long)}
+
+
+def make_planner(mode: str, grid: BucketGrid, d: Derived):
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return MixedPlanner(grid, d) if mode == "mixed" else LapsPlanner(grid, d)

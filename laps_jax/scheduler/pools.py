@@ -1,0 +1,188 @@
+"""Prefill pools: which waiting requests form the next batch, and in which bucket.
+
+Every batch is a rectangle: rows x the widest row, padded into the smallest compiled bucket that
+holds it (`BucketGrid.fit_prefill`) with at most `budget` padded tokens. `pack` fills one from an
+ordered candidate list, chunking a row to fit when allowed and refusing rows that would make the
+batch mostly padding. The pools only decide order:
+
+- `FCFSQueue` (mixed baseline): arrival order, chunked, strict (nobody overtakes).
+- `ShortPool`: remaining tokens with aging, whole requests, behind a waiting window.
+- `LongPool`: remaining tokens with aging, chunked under the long budget; a starved request
+  (not served for `max_postpone_s`) goes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+from laps_jax.engine.executables import Bucket, BucketGrid
+from laps_jax.scheduler.request import LONG, SHORT, Request
+from laps_jax.scheduler.window import WaitingWindow
+
+Work = list[tuple[Request, int]]
+
+
+@dataclasses.dataclass
+class PrefillPlan:
+    work: Work
+    pool: str
+    bucket: Bucket
+    waited: float = 0.0  # how long the window held this batch
+
+
+@dataclasses.dataclass
+class WaitUntil:
+    t: float
+    reason: str = "window"
+
+
+def fits(grid: BucketGrid, rows: int, width: int, budget: int) -> Bucket | None:
+    b = grid.fit_prefill(rows, width)
+    if b is None or (rows > 1 and b.batch * b.tokens > budget) or width > budget:
+        return None
+    return b
+
+
+def max_width(grid: BucketGrid, rows: int, budget: int) -> int:
+    """Widest row a batch of `rows` may have under `budget` (0 if none)."""
+    for t in reversed(grid.prefill_tokens):
+        if fits(grid, rows, t, budget) is not None:
+            return t
+    return 0
+
+
+def pack(cands: Iterable[Request], grid: BucketGrid, budget: int, chunk: bool,
+         strict: bool, max_padding: float = 0.5) -> tuple[Work, Bucket | None, bool]:
+    """Greedy batch from ordered candidates: (work, bucket, saturated). The first row always
+    goes in; a row that would pad the others' tokens past `max_padding` is left out (row padding
+    up to the bucket's power of two is not counted). `saturated`: some candidate was left out
+    for lack of rows or budget, so the batch cannot grow."""
+    work: Work = []
+    width, real, saturated = 0, 0, False
+    for r in cands:
+        rows = len(work) + 1
+        if rows > grid.prefill_batches[-1]:
+            saturated = True
+            break
+        n = min(r.remaining, grid.max_chunk, budget)
+        if n <= 0:
+            continue
+        if fits(grid, rows, max(width, n), budget) is None and chunk and work:
+            n = min(n, max_width(grid, rows, budget))
+        bucket = fits(grid, rows, max(width, n), budget) if n > 0 else None
+        if bucket is None:
+            saturated = True
+        elif work and 1.0 - (real + n) / (rows * bucket.tokens) > max_padding:
+            bucket = None
+        if bucket is None:
+            if strict:
+                break
+            continue
+        work.append((r, n))
+        width, real = max(width, n), real + n
+    bucket = fits(grid, len(work), width, budget) if work else None
+    return work, bucket, saturated
+
+
+class _Pool:
+    """Requests of one pool, ordered by remaining new tokens minus an aging credit."""
+
+    name = ""
+
+    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float):
+        self.grid, self.budget = grid, budget
+        self.aging = aging_tokens_per_s
+        self.reqs: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def add(self, r: Request, now: float) -> None:
+        r.enqueued = r.last_served = now
+        self.reqs.append(r)
+
+    def remove(self, r: Request) -> None:
+        if r in self.reqs:
+            self.reqs.remove(r)
+
+    def ordered(self, now: float) -> list[Request]:
+        return sorted(self.reqs, key=lambda r: (r.remaining - self.aging * (now - r.enqueued),
+                                                r.enqueued))
+
+
+class FCFSQueue(_Pool):
+    """The mixed baseline: one queue in arrival order, chunked prefill under the budget."""
+
+    name = "mixed"
+
+    def plan(self, now: float) -> PrefillPlan | None:
+        if not self.reqs:
+            return None
+        order = sorted(self.reqs, key=lambda r: (r.stats.arrival, r.enqueued))
+        work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=True)
+        return PrefillPlan(work, self.name, bucket) if work else None
+
+
+class ShortPool(_Pool):
+    name = SHORT
+
+    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
+                 window: WaitingWindow, predict: Callable[[Work, Bucket], float]):
+        super().__init__(grid, budget, aging_tokens_per_s)
+        self.window, self.predict = window, predict
+
+    def add(self, r: Request, now: float) -> None:
+        super().add(r, now)
+        self.window.observe_arrival(now)
+
+    def max_rows(self, width: int) -> int:
+        return max((b for b in self.grid.prefill_batches
+                    if fits(self.grid, b, width, self.budget) is not None), default=1)
+
+    def plan(self, now: float) -> PrefillPlan | WaitUntil | None:
+        if not self.reqs:
+            return None
+        work, bucket, saturated = pack(self.ordered(now), self.grid, self.budget, chunk=False,
+                                       strict=False)
+        if not work:
+            return None
+        width = max(n for _, n in work)
+        n_max = self.max_rows(width)
+        full = saturated or len(work) >= n_max
+        oldest = min(r.enqueued for r, _ in work)
+        if not full:
+            tightest = min(r.deadline for r, _ in work) - self.predict(work, bucket)
+            t = self.window.dispatch_at(now, oldest, len(work), n_max, tightest)
+            if t > now:
+                return WaitUntil(t)
+        return PrefillPlan(work, self.name, bucket, waited=max(0.0, now - oldest))
+
+
+class LongPool(_Pool):
+    name = LONG
+
+    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
+                 max_postpone_s: float):
+        super().__init__(grid, budget, aging_tokens_per_s)
+        self.max_postpone_s = max_postpone_s
+
+    def starved(self, now: float) -> Request | None:
+        """The longest-unserved request, if it has waited past the starvation bound."""
+        if not self.reqs:
+            return None
+        r = min(self.reqs, key=lambda r: r.last_served)
+        return r if now - r.last_served >= self.max_postpone_s else None
+
+    def starve_time(self) -> float:
+        return min(r.last_served for r in self.reqs) + self.max_postpone_s
+
+    def plan(self, now: float, first: Request | None = None) -> PrefillPlan | None:
+        if not self.reqs:
+            return None
+        order = self.ordered(now)
+        if first is not None:
+            order.remove(first)
+            order.insert(0, first)
+        work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=False)
+        return PrefillPlan(work, self.name, bucket) if work else None

@@ -1,0 +1,112 @@
+"""Times real prefill steps of an engine's compiled buckets, to fit the latency model.
+
+Shapes are drawn from the engine's own bucket grid (so nothing compiles on the way, other than
+what warm-up would) over a range of cached-context lengths; each is timed a few times and the
+minimum kept (the machine is shared: the minimum is the least disturbed run). A random part of
+the shapes is held out of the fit to measure prediction error honestly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Callable
+
+from laps_jax.engine.engine import Engine
+from laps_jax.engine.runner import SeqInput
+from laps_jax.scheduler.latency_model import StepShape
+
+
+@dataclasses.dataclass
+class Sample:
+    shape: StepShape
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"new": list(self.shape.new), "cached": list(self.shape.cached),
+                "batch": self.shape.batch, "tokens": self.shape.tokens, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Sample":
+        return cls(StepShape(tuple(d["new"]), tuple(d["cached"]), d["batch"], d["tokens"]),
+                   float(d["seconds"]))
+
+
+def kv_block_of(engine: Engine) -> int:
+    """Attention granularity of the engine's backend (latency model's `kv_block`)."""
+    return 256 if engine.runner.attention_backend == "xla" else 1
+
+
+def plan_shapes(engine: Engine, n: int, cached_lens: tuple[int, ...] = (0, 256, 1024, 2048),
+                seed: int = 0) -> list[StepShape]:
+    """`n` bucket shapes spread over (batch, tokens, cached); new tokens fill 50-100% of a row.
+
+    One-token steps (the decode buckets) are included: they are the memory-bound end of the
+    curve, without which overhead and weight reading cannot be told apart from compute.
+    """
+    rng = random.Random(seed)
+    grid = engine.grid
+    limit = engine.ecfg.max_model_len
+    buckets = [b for b in grid.prefill_buckets() if b.tokens > 1] + grid.decode_buckets()
+    combos = [(b, c) for b in buckets for c in cached_lens if c + b.tokens <= limit]
+    rng.shuffle(combos)
+    # every bucket at least once when n allows, then any combination
+    seen, picked = set(), []
+    for b, c in combos:
+        if b not in seen:
+            seen.add(b)
+            picked.append((b, c))
+    picked += [x for x in combos if x not in picked]
+    shapes = []
+    for b, c in picked[:n]:
+        rows = rng.randint(max(1, b.batch // 2 + 1), b.batch) if b.batch > 1 else 1
+        if b.tokens == 1:
+            rows = b.batch  # one-token steps: a full decode bucket
+        lo = max(1, b.tokens // 2 + 1)
+        new = tuple(rng.randint(lo, b.tokens) for _ in range(rows))
+        new = (b.tokens,) + new[1:]  # the widest row fills the bucket
+        shapes.append(StepShape.bucketed(new, (c,) * rows, b.batch, b.tokens))
+    return shapes
+
+
+def _inputs(engine: Engine, shape: StepShape) -> list[SeqInput]:
+    ps = engine.ecfg.page_size
+    pages = list(range(1, 1 + -(-(max(shape.cached) + shape.tokens) // ps)))
+    # garbage K/V in those pages is fine for timing (profile a fresh engine: it overwrites them)
+    return [SeqInput(list(range(10, 10 + n)), c, pages) for n, c in zip(shape.new, shape.cached)]
+
+
+def time_once(engine: Engine, seqs: list[SeqInput]) -> float:
+    t0 = time.perf_counter()
+    engine.runner.run(seqs)
+    return time.perf_counter() - t0
+
+
+def profile(engine: Engine, shapes: list[StepShape], reps: int = 3,
+            progress: Callable[[int, int, Sample], None] | None = None) -> list[Sample]:
+    """Minimum of `reps` timings per shape. The reps go round-robin over all shapes, so a burst
+    of load from other processes spoils one timing of many shapes, not every timing of one."""
+    inputs = [_inputs(engine, s) for s in shapes]
+    for seqs in inputs:
+        engine.runner.run(seqs)  # untimed first run
+    best = [float("inf")] * len(shapes)
+    for _ in range(reps):
+        for i, seqs in enumerate(inputs):
+            best[i] = min(best[i], time_once(engine, seqs))
+    out = [Sample(s, t) for s, t in zip(shapes, best)]
+    if progress:
+        for i, smp in enumerate(out):
+            progress(i + 1, len(out), smp)
+    return out
+
+
+def split_holdout(samples: list[Sample], frac: float = 0.25,
+                  seed: int = 0) -> tuple[list[Sample], list[Sample]]:
+    """(fit, held out): a seeded random `frac` of the samples is held out."""
+    idx = list(range(len(samples)))
+    random.Random(seed).shuffle(idx)
+    k = max(1, round(frac * len(samples))) if len(samples) > 4 else 0
+    held = set(idx[:k])
+    return ([s for i, s in enumerate(samples) if i not in held],
+            [s for i, s in enumerate(samples) if i in held])

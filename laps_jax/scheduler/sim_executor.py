@@ -1,0 +1,136 @@
+"""A simulated step executor: the engine's bookkeeping, the latency model's clock.
+
+`SimEngine` does what `Engine` does on the host (page allocation with the real prefix cache,
+progress of each sequence, finishing at max_tokens) but produces deterministic stand-in tokens
+instead of running a model. `SimExecutor` wraps it in the `StepExecutor` interface and makes
+each step take the latency model's prediction on the dispatcher's clock: under `run_simulated`
+that is virtual time, so a simulation of an hour of traffic runs in seconds with the exact pool,
+window and dispatch code that serves real requests.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence as Seq
+
+from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.kv_cache import KVCacheManager
+from laps_jax.engine.sequence import Sequence, Status, TokenLogprobs
+from laps_jax.scheduler.clock import Clock
+from laps_jax.scheduler.executor import Admission, ExecutorStats, StepInfo, bucket_of
+from laps_jax.scheduler.latency_model import LatencyModel, StepShape
+
+
+class SimEngine:
+    """Host-side twin of `Engine` with fake tokens: token t of a sequence is a hash of
+    (seq_id, t), so runs are reproducible."""
+
+    def __init__(self, grid: BucketGrid, num_pages: int, page_size: int, max_model_len: int,
+                 vocab_size: int, prefix_cache: bool = True):
+        self.grid, self.max_model_len, self.vocab_size = grid, max_model_len, vocab_size
+        self.kv = KVCacheManager(num_pages, page_size, prefix_cache)
+
+    def admit(self, seq: Sequence) -> None:
+        pages = self.kv.allocate(seq.prompt)
+        seq.pages, seq.num_computed = pages, pages.cached_len
+        seq.cached_tokens = pages.cached_len
+        seq.status = Status.PREFILL
+
+    def release(self, seq: Sequence, reason: str | None = None) -> None:
+        if seq.pages is not None:
+            self.kv.release(seq.pages)
+            seq.pages = None
+        if seq.status is not Status.FINISHED:
+            seq.status = Status.FINISHED
+            seq.finish_reason = seq.finish_reason or reason or "abort"
+
+    def prefill(self, work: Seq[tuple[Sequence, int]]) -> None:
+        for seq, n in work:
+            seq.num_computed += n
+            self.kv.commit(seq.pages, seq.prompt[:seq.num_computed])
+            if seq.num_computed == len(seq.prompt):
+                seq.status = Status.DECODE
+                self._append(seq)
+
+    def decode(self, seqs: Seq[Sequence]) -> None:
+        for s in seqs:
+            self.kv.grow(s.pages, len(s.tokens))
+        for s in seqs:
+            s.num_computed = len(s.tokens)
+            self._append(s)
+
+    def _append(self, seq: Sequence) -> None:
+        tok = (seq.seq_id * 1_000_003 + len(seq.tokens) * 7919) % self.vocab_size
+        seq.output.append(tok)
+        seq.logprobs.append(TokenLogprobs(tok, 0.0, []))
+        if tok in seq.params.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif len(seq.output) >= seq.params.max_tokens or len(seq.tokens) >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason:
+            self.kv.commit(seq.pages, seq.tokens[:seq.num_computed])
+            self.release(seq)
+
+
+class SimExecutor:
+    """`StepExecutor` over a `SimEngine`; every step sleeps its predicted latency."""
+
+    def __init__(self, engine: SimEngine, model: LatencyModel, clock: Clock, name: str = "sim"):
+        self.engine, self.model, self.clock, self.name = engine, model, clock, name
+        self.grid = engine.grid
+        self.admission = Admission(engine.kv, engine.max_model_len)
+        self.bucket_steps: dict[str, int] = {}
+        self.real_tokens = self.bucket_tokens = 0
+
+    def check(self, prompt: Seq[int], max_tokens: int) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + max_tokens > self.engine.max_model_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                             f"the maximum context length of {self.engine.max_model_len} tokens")
+        if self.admission.never_fits(len(prompt), max_tokens):
+            raise ValueError("request needs more KV pages than the cache holds")
+
+    def cached_prefix(self, prompt: Seq[int]) -> int:
+        return len(self.engine.kv.match_prefix(prompt)[0]) * self.engine.kv.page_size
+
+    async def admit(self, seqs: Seq[Sequence]) -> int:
+        return self.admission.admit_all(list(seqs), self.engine.admit)
+
+    async def _step(self, kind: str, shape: StepShape, tokens: int) -> StepInfo:
+        key = f"{shape.batch}x{shape.tokens}"
+        self.bucket_steps[key] = self.bucket_steps.get(key, 0) + 1
+        self.real_tokens += tokens
+        self.bucket_tokens += shape.batch * shape.tokens
+        dt = self.model.predict(shape)
+        await self.clock.sleep(dt)
+        return StepInfo(kind, len(shape.new), tokens, (shape.batch, shape.tokens), dt)
+
+    async def prefill(self, work: Seq[tuple[Sequence, int]]) -> StepInfo:
+        work = list(work)
+        new = [n for _, n in work]
+        b, t = bucket_of(self.grid, "prefill", len(work), max(new))
+        info = await self._step("prefill", StepShape.bucketed(
+            new, [s.num_computed for s, _ in work], b, t), sum(new))
+        self.engine.prefill(work)
+        return info
+
+    async def decode(self, seqs: Seq[Sequence]) -> StepInfo:
+        seqs = list(seqs)
+        b, _ = bucket_of(self.grid, "decode", len(seqs), 1)
+        info = await self._step("decode", StepShape.bucketed(
+            [1] * len(seqs), [len(s.tokens) - 1 for s in seqs], b, 1), len(seqs))
+        self.engine.decode(seqs)
+        return info
+
+    async def release(self, seqs: Seq[Sequence], reason: str) -> None:
+        for s in seqs:
+            self.engine.release(s, reason)
+
+    def stats(self) -> ExecutorStats:
+        kv = self.engine.kv
+        pad = 1 - self.real_tokens / self.bucket_tokens if self.bucket_tokens else 0.0
+        return ExecutorStats(dict(self.bucket_steps), pad, 0, kv.num_used, kv.num_free,
+                             kv.hit_tokens)
+
+    async def close(self) -> None:
+        return None

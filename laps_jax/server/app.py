@@ -1,0 +1,243 @@
+"""The OpenAI-compatible aiohttp application.
+
+Handlers validate (protocol.py), hand token ids to the dispatcher, and turn its token events
+into JSON or server-sent events (output.py). Every error is a JSON body with a 4xx/5xx status;
+a full queue answers 503 with Retry-After; a client that goes away aborts its request, which
+frees its pages at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import time
+
+from aiohttp import web
+
+from laps_jax.server.metrics import ServerMetrics
+from laps_jax.server.output import (ResponseBuilder, TextStream, chat_logprobs,
+                                    completion_logprobs, usage)
+from laps_jax.server.protocol import APIError, GenerationRequest, parse_request
+
+log = logging.getLogger("laps_jax.server")
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclasses.dataclass
+class ServerState:
+    dispatcher: object
+    engines: list
+    tokenizer: object | None
+    vocab_size: int
+    max_model_len: int
+    served_names: tuple[str, ...]
+    api_key: str | None = None
+    max_queue: int = 256
+    draining: bool = False
+    live: int = 0
+    metrics: ServerMetrics | None = None
+
+
+STATE = web.AppKey("state", ServerState)
+
+
+def _error(err: APIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status, headers=err.headers)
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler):
+    state = request.app[STATE]
+    route = request.match_info.route.resource
+    endpoint = route.canonical if route is not None else "unknown"  # bounded label values
+    try:
+        if state.api_key and request.path.startswith("/v1/"):
+            got = request.headers.get("Authorization", "")
+            token = got[7:] if got.startswith("Bearer ") else ""
+            if not token or not hmac.compare_digest(token.encode(), state.api_key.encode()):
+                raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
+                               status=401, code="invalid_api_key")
+        resp = await handler(request)
+    except APIError as e:
+        resp = _error(e)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app._client_max_size
+        resp = _error(APIError(f"request body too large (limit {limit} bytes)", 413,
+                               "request_too_large"))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        resp = _error(APIError(e.reason or "error", e.status, "http_error"))
+    except Exception:  # a bug: say so without leaking internals, keep serving
+        log.exception("unhandled error on %s", request.path)
+        resp = _error(APIError("internal server error", 500, "internal_error"))
+    if state.metrics is not None:
+        state.metrics.requests.labels(endpoint, str(resp.status)).inc()
+    return resp
+
+
+async def _read_json(request: web.Request):
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(f"invalid JSON body: {e}", code="invalid_json") from None
+
+
+def _submit(state: ServerState, req: GenerationRequest):
+    if state.draining:
+        raise APIError("the server is shutting down", 503, "unavailable",
+                       headers={"Retry-After": "5"})
+    if state.live >= state.max_queue:
+        raise APIError(f"the server is at its request limit ({state.max_queue}); retry shortly",
+                       503, "overloaded", headers={"Retry-After": "1"})
+    try:
+        return state.dispatcher.submit(req.prompt_ids, req.params)
+    except ValueError as e:
+        raise APIError(str(e), code="context_length_exceeded") from None
+
+
+def _closed(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _events(handle, request: web.Request):
+    """The handle's token events; aborts the request if the client goes away meanwhile."""
+    it = handle.__aiter__()
+    while True:
+        task = asyncio.ensure_future(it.__anext__())
+        while not task.done():
+            await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+            if not task.done() and _closed(request):
+                task.cancel()
+                handle.abort()
+                raise ConnectionResetError("client disconnected")
+        try:
+            yield task.result()
+        except StopAsyncIteration:
+            return
+
+
+async def generate(request: web.Request, kind: str) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await _read_json(request)
+    req = parse_request(body, kind, vocab_size=state.vocab_size, tokenizer=state.tokenizer,
+                        max_model_len=state.max_model_len, served_names=state.served_names)
+    handle = _submit(state, req)
+    state.live += 1
+    try:
+        if req.stream:
+            return await _stream(request, state, req, handle)
+        return await _whole(request, state, req, handle)
+    except (ConnectionResetError, asyncio.CancelledError):
+        handle.abort()
+        raise
+    finally:
+        handle.abort()  # no-op when finished
+        state.live -= 1
+        if handle.finished and state.metrics is not None:
+            state.metrics.observe(handle.stats)
+
+
+def _finish_reason(stats, text: TextStream) -> str:
+    if text.stopped:
+        return "stop"
+    return stats.finish_reason if stats.finish_reason in ("stop", "length") else "abort"
+
+
+async def _whole(request, state, req: GenerationRequest, handle) -> web.Response:
+    text = TextStream(state.tokenizer, req.stop)
+    events = []
+    async for ev in _events(handle, request):
+        events.append(ev)
+        text.push(ev.token_id)
+        if text.stopped:
+            handle.abort()
+            break
+    text.finish()
+    stats = await handle.result()
+    out = ResponseBuilder(req.kind, req.model)
+    lp = None
+    if req.logprobs is not None:
+        lp = (completion_logprobs(state.tokenizer, events) if req.kind == "completion"
+              else chat_logprobs(state.tokenizer, events))
+    return web.json_response(out.whole(text.text, _finish_reason(stats, text), lp,
+                                       usage(len(req.prompt_ids), len(events),
+                                             stats.cached_tokens)))
+
+
+async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    out = ResponseBuilder(req.kind, req.model)
+    text = TextStream(state.tokenizer, req.stop)
+
+    async def send(obj) -> None:
+        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    n, offset, first = 0, 0, True
+    async for ev in _events(handle, request):
+        n += 1
+        delta = text.push(ev.token_id)
+        lp = None
+        if req.logprobs is not None:
+            lp = (completion_logprobs(state.tokenizer, [ev], offset) if req.kind == "completion"
+                  else chat_logprobs(state.tokenizer, [ev]))
+        if delta or lp is not None or first:
+            await send(out.chunk(out.choice(delta, None, lp, True, first)))
+            first = False
+            offset += len(delta)
+        if text.stopped:
+            handle.abort()
+            break
+    tail = text.finish()
+    stats = await handle.result()
+    await send(out.chunk(out.choice(tail, _finish_reason(stats, text), None, True, first)))
+    if req.include_usage:
+        await send(out.chunk(None, usage(len(req.prompt_ids), n, stats.cached_tokens)))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def completions(request: web.Request):
+    return await generate(request, "completion")
+
+
+async def chat_completions(request: web.Request):
+    return await generate(request, "chat")
+
+
+async def models(request: web.Request):
+    state = request.app[STATE]
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "laps_jax",
+         "max_model_len": state.max_model_len} for name in state.served_names]})
+
+
+async def health(request: web.Request):
+    state = request.app[STATE]
+    if state.draining:
+        return web.json_response({"status": "draining"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request):
+    return web.Response(body=request.app[STATE].metrics.render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Application:
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[errors_and_auth])
+    state.metrics = state.metrics or ServerMetrics(state.dispatcher, state.engines)
+    app[STATE] = state
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app

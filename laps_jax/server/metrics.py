@@ -1,0 +1,84 @@
+"""Prometheus metrics for /metrics: request counters and latency histograms, plus gauges read
+from the dispatcher and the engines at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _Live:
+    """Gauges that come from the dispatcher's snapshot and the engines' KV managers."""
+
+    def __init__(self, dispatcher, engines):
+        self.dispatcher, self.engines = dispatcher, engines
+
+    def collect(self):
+        m = self.dispatcher.metrics()
+        q = GaugeMetricFamily("laps_queue_length", "Requests waiting, per pool", labels=["pool"])
+        pools = sorted({p for lane in m.lanes for p in lane.queue_lengths})
+        for pool in pools:
+            q.add_metric([pool], m.queue_length(pool))
+        yield q
+        yield GaugeMetricFamily("laps_running_requests", "Requests admitted and not finished",
+                                value=m.running)
+        yield GaugeMetricFamily("laps_compiles_after_warmup",
+                                "XLA compiles after warm-up (a bug when above 0)",
+                                value=m.compiles_after_warmup)
+        used = GaugeMetricFamily("laps_kv_pages_used", "KV pages held by live sequences",
+                                 labels=["engine"])
+        free = GaugeMetricFamily("laps_kv_pages_free", "KV pages free or evictable",
+                                 labels=["engine"])
+        hits = CounterMetricFamily("laps_prefix_cache_hit_tokens",
+                                   "Prompt tokens served from the prefix cache", labels=["engine"])
+        pad = GaugeMetricFamily("laps_padding_fraction", "Padded share of bucket tokens",
+                                labels=["engine"])
+        buckets = CounterMetricFamily("laps_bucket_steps", "Steps run per bucket",
+                                      labels=["engine", "batch", "tokens"])
+        for i, eng in enumerate(self.engines):
+            name = str(i)
+            used.add_metric([name], eng.kv.num_used)
+            free.add_metric([name], eng.kv.num_free)
+            hits.add_metric([name], eng.kv.hit_tokens)
+            stats = eng.runner.stats
+            pad.add_metric([name], stats.padding_fraction)
+            for b, n in sorted(stats.steps.items()):
+                buckets.add_metric([name, str(b.batch), str(b.tokens)], n)
+        yield from (used, free, hits, pad, buckets)
+        for lane in m.lanes:
+            c = lane.counters
+            for kind, hist in (("prefill", c.prefill_batch_sizes), ("decode", c.decode_batch_sizes)):
+                fam = CounterMetricFamily(f"laps_{kind}_batches",
+                                          f"{kind} steps by batch size", labels=["lane", "size"])
+                for size, n in sorted(hist.items()):
+                    fam.add_metric([lane.name, str(size)], n)
+                yield fam
+        waits = CounterMetricFamily("laps_window_waits", "Short-pool waiting-window waits",
+                                    labels=["lane"])
+        for lane in m.lanes:
+            waits.add_metric([lane.name], lane.window_waits)
+        yield waits
+
+
+class ServerMetrics:
+    def __init__(self, dispatcher, engines):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("laps_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.ttft = Histogram("laps_ttft_seconds", "Time to first token", ["pool"],
+                              buckets=BUCKETS, registry=self.registry)
+        self.e2e = Histogram("laps_e2e_seconds", "End-to-end request latency", ["pool"],
+                             buckets=BUCKETS, registry=self.registry)
+        self.registry.register(_Live(dispatcher, engines))
+
+    def observe(self, stats) -> None:
+        pool = stats.pool or "unknown"
+        if stats.ttft is not None:
+            self.ttft.labels(pool).observe(stats.ttft)
+        if stats.finished is not None:
+            self.e2e.labels(pool).observe(stats.finished - stats.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

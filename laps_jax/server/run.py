@@ -1,0 +1,115 @@
+"""Start-up and shutdown of the HTTP server (what `scripts/serve.py` runs).
+
+Loads the model, compiles every bucket, starts the dispatcher, then serves. SIGTERM (or
+Ctrl-C) stops taking requests (503), lets those in flight finish, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+from aiohttp import web
+
+from laps_jax.cli import add_engine_args, build_engine
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="OpenAI-compatible LLM server with length-aware prefill (LAPS). "
+                    "With no arguments it serves the built-in model on http://127.0.0.1:8000.")
+    g = ap.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+    g.add_argument("--served-model-name", default=None,
+                   help="model name clients use (default: the model directory's name)")
+    g.add_argument("--max-queue", type=int, default=256,
+                   help="most requests in the server at once; more get 503 + Retry-After")
+    g.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                   help="largest request body in bytes (default 4 MiB); larger get 413")
+    g.add_argument("--shutdown-timeout", type=float, default=60.0,
+                   help="seconds to let in-flight requests finish after SIGTERM")
+    s = ap.add_argument_group("scheduler")
+    s.add_argument("--mode", choices=("laps", "laps-spatial", "mixed"), default="laps",
+                   help="laps: short and long prefill pools on one device (default); "
+                        "laps-spatial: each pool on its own device group; mixed: FCFS baseline")
+    s.add_argument("--threshold", type=int, default=None,
+                   help="short/long cut in new tokens (default: from --latency-profile, else 256)")
+    s.add_argument("--latency-profile", default=None,
+                   help="profile.json from scripts/profile_latency.py (calibrates the threshold "
+                        "and the waiting window)")
+    add_engine_args(ap)
+    return ap
+
+
+async def serve(args, log) -> int:
+    from laps_jax.scheduler.dispatcher import Dispatcher
+    from laps_jax.scheduler.policy import SchedulerConfig
+    from laps_jax.server.app import ServerState, create_app
+
+    t0 = time.perf_counter()
+    built = build_engine(args, log=log)
+    engines = [built.engine]
+    long_engine = None
+    if args.mode == "laps-spatial":  # the long pool's own device group (same weights)
+        import jax
+        from laps_jax.engine.engine import Engine
+        e = built.engine
+        params = e.runner.params
+        if len(jax.devices()) > 1:
+            params = jax.device_put(params, jax.devices()[1])
+        long_engine = Engine(e.cfg, params, e.ecfg, e.eos_token_ids)
+        long_engine.warmup()
+        engines.append(long_engine)
+    model = None
+    if args.latency_profile:
+        from laps_jax.scheduler.latency_model import LatencyModel
+        model = LatencyModel.load(args.latency_profile, built.engine.cfg)
+    dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold),
+                            long_engine=long_engine, latency_model=model)
+    await dispatcher.start()
+    name = args.served_model_name or built.model_name
+    state = ServerState(dispatcher, engines, built.tokenizer, built.engine.cfg.vocab_size,
+                        built.engine.ecfg.max_model_len, (name,), args.api_key, args.max_queue)
+    app = create_app(state, args.max_request_bytes)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    url = f"http://{args.host}:{args.port}"
+    log(f"serving {name} at {url}/v1 (mode {args.mode}); start-up took "
+        f"{time.perf_counter() - t0:.1f} s")
+    log(f"ready: {url}")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log("shutting down: finishing requests in flight")
+    state.draining = True
+    deadline = time.monotonic() + args.shutdown_timeout
+    while state.live and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await dispatcher.stop(drain=True)
+    await runner.cleanup()
+    log("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    try:
+        return asyncio.run(serve(args, log))
+    except (ValueError, OSError) as e:  # bad model path, port in use, ...
+        log(f"error: {e}")
+        return 2

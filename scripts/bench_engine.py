@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Prefill and decode speed of laps_jax against Hugging Face transformers (torch, CPU) on the same
+random checkpoint, in one process, plus achieved GFLOP/s against the measured matmul rate.
+
+transformers and torch are only the comparison here (install the `test` extra); laps_jax itself
+never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_rate(n: int = 2048) -> float:
+    """Measured float32 matmul GFLOP/s of jax on this machine."""
+    import jax
+    import jax.numpy as jnp
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    t = median_time(lambda: f(a).block_until_ready(), 5)
+    return 2 * n ** 3 / t / 1e9
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="bench-cpu", help="preset to benchmark (random weights)")
+    ap.add_argument("--prefill", default="128,512,2048", help="prefill lengths")
+    ap.add_argument("--decode-batches", default="1,8", help="decode batch sizes")
+    ap.add_argument("--decode-context", type=int, default=128, help="prompt length before decode")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    import jax
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from laps_jax.config import PRESETS, EngineConfig
+    from laps_jax.engine.engine import Engine
+    from laps_jax.engine.executables import enable_persistent_cache
+    from laps_jax.engine.runner import SeqInput
+    from laps_jax.models.weights import params_from_hf
+
+    enable_persistent_cache()
+    cfg = PRESETS[args.model]
+    lengths = [int(x) for x in args.prefill.split(",")]
+    batches = [int(x) for x in args.decode_batches.split(",")]
+    torch.manual_seed(0)
+    hf = Qwen2ForCausalLM(Qwen2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")).eval()
+    sd = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    params = params_from_hf(sd.__getitem__, sd.__contains__, cfg)
+    ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + 8192, max_model_len=max(lengths) + 64,
+                        max_chunk=max(lengths), max_prefill_batch=1,
+                        max_decode_batch=max(batches))
+    eng = Engine(cfg, params, ecfg)
+    peak = matmul_rate()
+    print(f"{args.model}: {cfg.num_params() / 1e6:.1f}M params; jax float32 matmul "
+          f"{peak:.0f} GFLOP/s; torch threads {torch.get_num_threads()}; "
+          f"jax devices {jax.devices()}", file=sys.stderr)
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in lengths:
+        ids = rng.integers(0, cfg.vocab_size, n).tolist()
+        pages = list(range(1, eng.kv.pages_for(n) + 1))
+        t_ours = median_time(lambda: eng.runner.run([SeqInput(ids, 0, pages)]), args.repeats)
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            t_hf = median_time(lambda: hf(x, logits_to_keep=1), args.repeats)
+        flops = cfg.flops_per_token() * n + 4 * cfg.num_layers * cfg.q_size * n * n / 2
+        rows.append({"phase": "prefill", "tokens": n, "laps_jax_tok_s": n / t_ours,
+                     "transformers_tok_s": n / t_hf, "speedup": t_hf / t_ours,
+                     "laps_jax_gflops": flops / t_ours / 1e9,
+                     "fraction_of_matmul_peak": flops / t_ours / 1e9 / peak})
+    ctx = args.decode_context
+    for b in batches:
+        prompts = [rng.integers(0, cfg.vocab_size, ctx).tolist() for _ in range(b)]
+        from laps_jax.engine.sequence import SamplingParams, Sequence
+        seqs = [Sequence(p, SamplingParams(max_tokens=10 ** 6, ignore_eos=True)) for p in prompts]
+        for s in seqs:
+            eng.admit(s)
+            eng.prefill([(s, ctx)])
+        t_ours = median_time(lambda: eng.decode(seqs), args.decode_steps)
+        for s in seqs:
+            eng.release(s)
+        x = torch.tensor(prompts)
+        gen = lambda k: hf.generate(x, max_new_tokens=k, min_new_tokens=k, do_sample=False,
+                                    pad_token_id=0)
+        with torch.no_grad():
+            t1 = median_time(lambda: gen(1), 2)
+            tk = median_time(lambda: gen(args.decode_steps + 1), 2)
+        t_hf = (tk - t1) / args.decode_steps
+        rows.append({"phase": "decode", "batch": b, "context": ctx,
+                     "laps_jax_tok_s": b / t_ours, "transformers_tok_s": b / t_hf,
+                     "speedup": t_hf / t_ours})
+    print(f"\n| phase | shape | laps_jax tok/s | transformers tok/s | speedup | laps_jax GFLOP/s "
+          f"(% of {peak:.0f}) |\n|---|---|---|---|---|---|")
+    for r in rows:
+        shape = f"{r['tokens']} tokens" if r["phase"] == "prefill" else f"batch {r['batch']} @ {ctx}"
+        g = (f"{r['laps_jax_gflops']:.0f} ({100 * r['fraction_of_matmul_peak']:.0f}%)"
+             if "laps_jax_gflops" in r else "-")
+        print(f"| {r['phase']} | {shape} | {r['laps_jax_tok_s']:.0f} | "
+              f"{r['transformers_tok_s']:.0f} | {r['speedup']:.2f}x | {g} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "matmul_gflops": peak, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The roofline latency model: costs, fitting, thresholds (pure numpy, no engine)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from laps_jax.config import PRESETS
+from laps_jax.engine.executables import BucketGrid
+from laps_jax.scheduler.latency_model import (H200, H200_MEASURED, DeviceSpec, LatencyModel,
+                                              StepShape, fit_roofline, relative_errors,
+                                              step_cost)
+
+Q32 = PRESETS["qwen2.5-32b"]
+BENCH = PRESETS["bench-cpu"]
+
+
+def test_h200_threshold_for_qwen32b_lands_in_200_300():
+    assert 200 <= LatencyModel(Q32, 2, H200).threshold(0) <= 300
+    # measured ceilings (788 TFLOP/s, 4.3 TB/s) put it just under 200
+    assert 180 <= LatencyModel(Q32, 2, H200_MEASURED).threshold(0) <= 230
+
+
+def test_threshold_is_the_crossover():
+    m = LatencyModel(Q32, 2, H200)
+    th = m.threshold(0)
+    comp, mem = m.terms(StepShape.exact((th,)))
+    assert comp >= mem
+    comp, mem = m.terms(StepShape.exact((th - 1,)))
+    assert comp < mem
+    # below the threshold extra tokens are nearly free, above they cost their FLOPs
+    assert m.predict(StepShape.exact((th // 4,))) == pytest.approx(
+        m.predict(StepShape.exact((th // 2,))), rel=0.03)
+    assert m.predict(StepShape.exact((4 * th,))) > 3 * m.predict(StepShape.exact((th,)))
+
+
+def test_cpu_like_device_threshold_is_far_lower():
+    cpu = DeviceSpec("cpu", 80e9, 10e9, 2e-3)
+    assert LatencyModel(BENCH, 4, cpu).threshold(0) < 64 < LatencyModel(Q32, 2, H200).threshold(0)
+
+
+def test_cached_context_changes_the_threshold():
+    m = LatencyModel(Q32, 2, H200)
+    # GQA attention over the cache adds ~5 FLOP per cached byte per new token: the threshold
+    # falls slowly with the cached length under this roofline
+    assert m.threshold(32768) < m.threshold(0)
+    # without attention FLOPs (memory-only view of the cache) the crossover moves up instead
+    mem_only = LatencyModel(Q32, 2, DeviceSpec("x", H200.peak_flops, H200.mem_bandwidth,
+                                               H200.step_overhead_s, attn_flops=1e30))
+    assert mem_only.threshold(32768) > mem_only.threshold(0)
+
+
+def test_padding_and_blocked_attention_cost_more():
+    exact = step_cost(BENCH, 4, StepShape.exact((10, 20), (0, 300)))
+    padded = step_cost(BENCH, 4, StepShape.bucketed((10, 20), (0, 300), 4, 32))
+    assert padded.gemm_flops > exact.gemm_flops
+    blocked = step_cost(BENCH, 4, StepShape.bucketed((10, 20), (0, 300), 4, 32), kv_block=256)
+    assert blocked.attn_flops > padded.attn_flops
+
+
+def _synthetic(dev: DeviceSpec, n: int, seed: int):
+    rng = random.Random(seed)
+    m = LatencyModel(BENCH, 4, dev, kv_block=256)
+    shapes, secs = [], []
+    for _ in range(n):
+        rows = rng.choice([1, 2, 4, 8])
+        t = rng.choice([1, 16, 32, 64, 128, 256])
+        c = rng.choice([0, 256, 1024])
+        shapes.append(StepShape.bucketed([t] * rows, [c] * rows, rows, t))
+        secs.append(m.predict(shapes[-1]) * rng.uniform(0.97, 1.03))
+    return shapes, secs
+
+
+def test_fit_recovers_a_known_device():
+    dev = DeviceSpec("truth", 60e9, 8e9, 3e-3, attn_flops=15e9)
+    shapes, secs = _synthetic(dev, 60, 0)
+    fitted = LatencyModel.fit(BENCH, 4, shapes[:45], secs[:45], kv_block=256)
+    errs = relative_errors(fitted, shapes[45:], secs[45:])
+    assert statistics.median(errs) < 0.05
+    assert fitted.device.peak_flops == pytest.approx(60e9, rel=0.15)
+    assert fitted.device.mem_bandwidth == pytest.approx(8e9, rel=0.15)
+    assert abs(fitted.threshold(0) - LatencyModel(BENCH, 4, dev, 256).threshold(0)) <= 3
+
+
+def test_fit_is_non_negative():
+    shapes, secs = _synthetic(DeviceSpec("t", 50e9, 1e12, 1e-3), 20, 1)
+    from laps_jax.scheduler.latency_model import step_cost as sc
+    coef = fit_roofline([sc(BENCH, 4, s, 256) for s in shapes], secs)
+    assert all(c >= 0 for c in coef)
+
+
+def test_isolated_prefill_is_chunked_into_buckets():
+    m = LatencyModel(BENCH, 4, DeviceSpec("cpu", 80e9, 10e9, 2e-3), kv_block=256)
+    grid = BucketGrid.default(max_chunk=128, min_tokens=16)
+    one = m.predict_prefill(100, 0, grid)
+    assert one == pytest.approx(m.predict(StepShape.bucketed((100,), (0,), 1, 128)))
+    three = m.predict_prefill(300, 0, grid)  # 128 + 128 + 44 (bucket 64)
+    assert three > 2 * one
+
+
+def test_model_round_trips_through_json():
+    m = LatencyModel(BENCH, 4, H200, 256)
+    again = LatencyModel.from_dict(m.to_dict(), BENCH)
+    assert again == m

@@ -1,0 +1,150 @@
+"""The dispatcher over real engines (tiny preset, small bucket grid, CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import jax
+import pytest
+
+from laps_jax.config import PRESETS, EngineConfig
+from laps_jax.engine.engine import Engine
+from laps_jax.engine.executables import jax_compile_events
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.models.qwen2 import init_params
+from laps_jax.scheduler import Dispatcher, SchedulerConfig, WindowConfig
+from laps_jax.scheduler.request import LONG, SHORT
+
+CFG = PRESETS["tiny"]
+ECFG = dict(page_size=8, kv_cache_tokens=4096, max_model_len=512, max_chunk=64, min_chunk=16,
+            max_prefill_batch=4, max_decode_batch=4, max_batch_tokens=128)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """Two warmed-up engines with the same weights (the second is the spatial long group).
+    The lm_head is scaled up so greedy argmax is decided by clear margins, not rounding."""
+    params = init_params(CFG, seed=3)
+    params["lm_head"] = params["lm_head"] * 40.0
+    made = []
+    for _ in range(2):
+        e = Engine(CFG, params, EngineConfig(**ECFG))
+        e.warmup()
+        made.append(e)
+    return made
+
+
+def _dispatcher(engines, mode, **cfg):
+    cfg.setdefault("threshold", 32)
+    long = {"long_engine": engines[1]} if mode == "laps-spatial" else {}
+    for e in engines:
+        e.kv.clear_prefix_cache()
+    return Dispatcher(engines[0], mode, SchedulerConfig(**cfg), **long)
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if out and rng.random() < 0.3:  # a follow-up that repeats an earlier prompt
+            base = rng.choice(out)
+            out.append(base + [rng.randrange(10, 500) for _ in range(rng.randint(1, 40))])
+        else:
+            out.append([rng.randrange(10, 500) for _ in range(rng.randint(1, 150))])
+    return out
+
+
+@pytest.mark.parametrize("mode", ["mixed", "laps", "laps-spatial"])
+async def test_every_mode_matches_one_at_a_time(engines, mode):
+    prompts = _prompts(1, 10)
+    params = SamplingParams(max_tokens=5)
+    engines[0].kv.clear_prefix_cache()
+    expected = [engines[0].generate([p], params)[0].output for p in prompts]
+    d = _dispatcher(engines, mode)
+    await d.start()
+    handles = []
+    for p in prompts:
+        handles.append(d.submit(p, params))
+        await asyncio.sleep(0.002)
+    got = []
+    for h in handles:
+        got.append([ev.token_id async for ev in h])
+    stats = [await h.result() for h in handles]
+    await d.stop()
+    assert got == expected
+    assert {s.pool for s in stats} == {SHORT, LONG}
+    assert all(s.ttft is not None and s.ttft > 0 for s in stats)
+
+
+async def test_no_compile_after_warmup_in_a_random_run_of_200(engines):
+    rng = random.Random(7)
+    before = jax_compile_events()
+    steps_before = sum(engines[0].runner.stats.steps.values())
+    d = _dispatcher(engines, "laps", window=WindowConfig(mode="adaptive", max_s=0.003))
+    await d.start()
+    handles = []
+    for p in _prompts(2, 200):
+        h = d.submit(p[:400], SamplingParams(max_tokens=rng.randint(1, 5),
+                                             temperature=rng.choice([0.0, 0.8]), seed=1))
+        handles.append(h)
+        if rng.random() < 0.05:
+            asyncio.get_running_loop().call_later(rng.uniform(0, 0.05), h.abort)
+        await asyncio.sleep(rng.uniform(0, 0.004))
+    stats = [await h.result() for h in handles]
+    m = d.metrics()
+    await d.stop()
+    assert m.compiles_after_warmup == 0
+    assert jax_compile_events() == before
+    assert m.finished + m.aborted == 200 and m.failed == 0 and m.running == 0
+    assert all(s.finish_reason in ("length", "abort") for s in stats)
+    lane = m.lanes[0]
+    assert sum(lane.executor.bucket_steps.values()) - steps_before == (
+        lane.counters.prefill_steps + lane.counters.decode_steps)
+    assert lane.executor.kv_pages_used == 0
+    assert set(lane.counters.prefill_steps_by_pool) <= {SHORT, LONG}
+
+
+async def _wait_for(cond, timeout=20.0):
+    t0 = asyncio.get_running_loop().time()
+    while not cond():
+        if asyncio.get_running_loop().time() - t0 > timeout:
+            raise TimeoutError
+        await asyncio.sleep(0.001)
+
+
+async def test_abort_frees_pages_during_prefill_and_decode(engines):
+    d = _dispatcher(engines, "laps")
+    kv = engines[0].kv
+    await d.start()
+    long_h = d.submit(list(range(10, 410)), SamplingParams(max_tokens=4))
+    await _wait_for(lambda: long_h.request.seq.num_computed > 0)
+    assert long_h.request.seq.remaining_prefill > 0
+    long_h.abort()
+    assert d.metrics().queue_length(LONG) == 0  # out of its pool at once
+    await _wait_for(lambda: kv.num_used == 0)
+    dec = d.submit(list(range(20, 60)), SamplingParams(max_tokens=300, ignore_eos=True))
+    n = 0
+    async for _ in dec:
+        n += 1
+        if n == 3:
+            dec.abort()
+    await _wait_for(lambda: kv.num_used == 0)
+    m = d.metrics()
+    await d.stop()
+    assert (await long_h.result()).finish_reason == "abort"
+    assert (await dec.result()).finish_reason == "abort" and m.aborted == 2
+
+
+async def test_a_short_follow_up_of_a_long_conversation_is_short(engines):
+    d = _dispatcher(engines, "laps")
+    await d.start()
+    first = d.submit(list(range(10, 210)), SamplingParams(max_tokens=6))
+    s1 = await first.result()
+    follow = first.request.seq.prompt + first.tokens + [7, 8, 9, 10, 11]
+    s2 = await d.submit(follow, SamplingParams(max_tokens=2)).result()
+    m = d.metrics()
+    await d.stop()
+    assert s1.pool == LONG and s1.new_tokens == 200
+    assert s2.pool == SHORT and s2.cached_tokens >= 200 and s2.new_tokens <= 16
+    assert m.lanes[0].executor.prefix_hit_tokens >= 200

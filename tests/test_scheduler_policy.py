@@ -1,0 +1,246 @@
+"""Pools, window and dispatch logic on fake and virtual clocks (no model, no compiles)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from laps_jax.config import PRESETS
+from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.sequence import SamplingParams, Sequence
+from laps_jax.scheduler import Dispatcher, SchedulerConfig, WindowConfig
+from laps_jax.scheduler.clock import ManualClock, SimClock, run_simulated
+from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
+from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
+                                      pack)
+from laps_jax.scheduler.request import LONG, SHORT, Request, RequestStats
+from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
+from laps_jax.scheduler.window import WaitingWindow
+
+GRID = BucketGrid.default(max_chunk=256, max_prefill_batch=8, max_decode_batch=8, min_tokens=16,
+                          max_batch_tokens=512)
+CPU = DeviceSpec("cpu", 50e9, 10e9, 5e-3)
+MODEL = LatencyModel(PRESETS["tiny"], 4, CPU)
+
+
+def req(n: int, arrival: float = 0.0, deadline: float = float("inf")) -> Request:
+    return Request(Sequence(list(range(10, 10 + n)), SamplingParams(max_tokens=2)),
+                   RequestStats(f"r{n}-{arrival}", arrival, n), deadline=deadline)
+
+
+def short_pool(mode="static", static_s=0.010, max_s=0.010, predict=lambda w, b: 0.0):
+    window = WaitingWindow(WindowConfig(mode=mode, static_s=static_s, max_s=max_s))
+    return ShortPool(GRID, 512, 0.0, window, predict)
+
+
+# -- buckets --------------------------------------------------------------------------------
+def test_pack_chooses_the_smallest_fitting_bucket():
+    work, bucket, _ = pack([req(20), req(18), req(30)], GRID, 512, chunk=False, strict=False)
+    assert len(work) == 3 and (bucket.batch, bucket.tokens) == (4, 32)
+    work, bucket, _ = pack([req(5)], GRID, 512, chunk=False, strict=False)
+    assert (bucket.batch, bucket.tokens) == (1, 16)
+    work, bucket, _ = pack([req(100), req(90)], GRID, 512, chunk=False, strict=False)
+    assert (bucket.batch, bucket.tokens) == (2, 128)
+
+
+def test_pack_refuses_mostly_padding_and_chunks_under_the_budget():
+    work, _, _ = pack([req(200), req(3)], GRID, 512, chunk=False, strict=True)
+    assert [n for _, n in work] == [200]  # a 3-token row in a 256-wide bucket is waste
+    work, bucket, _ = pack([req(1000), req(900)], GRID, 512, chunk=True, strict=True)
+    assert [n for _, n in work] == [256, 256] and bucket.batch * bucket.tokens <= 512
+
+
+def test_fcfs_queue_keeps_arrival_order():
+    q = FCFSQueue(GRID, 512, 0.0)
+    for i, n in enumerate([300, 10, 12]):
+        r = req(n, arrival=float(i))
+        q.add(r, float(i))
+    plan = q.plan(3.0)
+    assert [r.stats.arrival for r, _ in plan.work][0] == 0.0
+
+
+# -- the waiting window under a fake clock ---------------------------------------------------
+def test_static_window_waits_then_dispatches():
+    clock = ManualClock()
+    pool = short_pool()
+    pool.add(req(20), clock.now())
+    clock.advance(0.004)
+    pool.add(req(25), clock.now())
+    plan = pool.plan(clock.now())
+    assert isinstance(plan, WaitUntil) and plan.t == pytest.approx(0.010)
+    clock.advance(0.007)
+    plan = pool.plan(clock.now())
+    assert isinstance(plan, PrefillPlan) and len(plan.work) == 2
+    assert plan.waited == pytest.approx(0.011)
+
+
+def test_window_dispatches_at_once_when_the_bucket_is_full():
+    pool = short_pool(static_s=1.0)
+    for _ in range(8):
+        pool.add(req(16), 0.0)
+    plan = pool.plan(0.0)
+    assert isinstance(plan, PrefillPlan) and len(plan.work) == 8
+
+
+def test_window_yields_to_the_tightest_deadline():
+    pool = short_pool(static_s=0.050, predict=lambda w, b: 0.010)
+    pool.add(req(20, deadline=0.030), 0.0)
+    plan = pool.plan(0.0)
+    assert isinstance(plan, WaitUntil) and plan.t == pytest.approx(0.020)  # 0.030 - 0.010
+    assert isinstance(pool.plan(0.020), PrefillPlan)
+
+
+def test_adaptive_window_follows_the_arrival_rate():
+    pool = short_pool(mode="adaptive", max_s=0.010)
+    pool.add(req(20), 0.0)
+    assert isinstance(pool.plan(0.0), PrefillPlan)  # no traffic seen: waiting buys nothing
+    busy = short_pool(mode="adaptive", max_s=0.010)
+    for i in range(200):  # 1000 short requests/s
+        busy.window.observe_arrival(i * 0.001)
+    busy.add(req(20), 0.2)
+    plan = busy.plan(0.2)
+    assert isinstance(plan, WaitUntil) and 0.2 < plan.t <= 0.21 + 1e-9
+
+
+def test_window_off_dispatches_immediately():
+    pool = short_pool(mode="off")
+    pool.add(req(20), 0.0)
+    assert isinstance(pool.plan(0.0), PrefillPlan)
+
+
+# -- order and starvation --------------------------------------------------------------------
+def test_long_pool_orders_by_remaining_with_aging():
+    pool = LongPool(GRID, 256, aging_tokens_per_s=100.0, max_postpone_s=100.0)
+    old, young, later = req(900), req(400), req(400)
+    pool.add(old, 0.0)
+    pool.add(young, 2.0)
+    assert pool.ordered(2.0) == [young, old]          # 400 < 900 - 200
+    pool.add(later, 6.0)
+    assert pool.ordered(6.0) == [young, old, later]   # 0 < 900 - 600 < 400: old overtakes
+
+
+def test_starved_long_request_goes_first():
+    pool = LongPool(GRID, 256, 0.0, max_postpone_s=0.5)
+    a, b = req(300), req(2000)
+    pool.add(a, 0.0)
+    pool.add(b, 0.0)
+    assert pool.starved(0.4) is None
+    a.last_served = 0.6
+    assert pool.starved(0.6) is b
+    assert pool.plan(0.6, first=b).work[0][0] is b
+
+
+def _sim_dispatcher(mode="laps", config=None, model=MODEL, lanes=1):
+    clock = SimClock()
+    mk = lambda name: SimExecutor(SimEngine(GRID, 2049, 16, 4096, 1000), model, clock, name)
+    extra = {"long_engine": mk("long")} if lanes == 2 else {}
+    return Dispatcher(mk("short"), mode, config or SchedulerConfig(threshold=64), clock=clock,
+                      latency_model=model, **extra), clock
+
+
+def test_starvation_bound_under_a_stream_of_short_requests():
+    async def main():
+        cfg = SchedulerConfig(threshold=64, max_postpone_s=0.3,
+                              window=WindowConfig(mode="off"))
+        d, clock = _sim_dispatcher(config=cfg)
+        await d.start()
+        long_h = d.submit(list(range(10, 1010)), SamplingParams(max_tokens=1))
+        shorts = []
+        while clock.now() < 3.0:  # more short work than the device can do
+            shorts.append(d.submit([7] * 40 + [len(shorts)], SamplingParams(max_tokens=1)))
+            await clock.sleep(0.002)
+        st = await long_h.result()
+        for h in shorts:
+            h.abort()
+        await d.stop()
+        return st
+    st = run_simulated(main())
+    assert st.pool == LONG
+    # four 256-token chunks, each at most one bound (+ a step) after the previous
+    assert st.ttft < 4 * (0.3 + 0.1)
+
+
+def test_classification_uses_new_tokens_after_the_prefix_match():
+    async def main():
+        d, clock = _sim_dispatcher()
+        await d.start()
+        first = d.submit(list(range(10, 510)), SamplingParams(max_tokens=8))
+        s1 = await first.result()
+        turn2 = first.request.seq.prompt + first.tokens + [3, 4, 5, 6, 7]
+        s2 = await d.submit(turn2, SamplingParams(max_tokens=2)).result()
+        await d.stop()
+        return s1, s2
+    s1, s2 = run_simulated(main())
+    assert s1.pool == LONG and s1.new_tokens == 500
+    assert s2.pool == SHORT and s2.cached_tokens >= 496 and s2.new_tokens <= 32
+
+
+def test_spatial_routes_by_length_and_by_where_the_history_is():
+    async def main():
+        d, clock = _sim_dispatcher("laps-spatial", lanes=2)
+        await d.start()
+        a = d.submit(list(range(10, 40)), SamplingParams(max_tokens=2))
+        b = d.submit(list(range(100, 700)), SamplingParams(max_tokens=4))
+        sa, sb = await a.result(), await b.result()
+        follow = b.request.seq.prompt + b.tokens + [1, 2, 3]
+        sc = await d.submit(follow, SamplingParams(max_tokens=2)).result()
+        m = d.metrics()
+        await d.stop()
+        return sa, sb, sc, m
+    sa, sb, sc, m = run_simulated(main())
+    assert (sa.lane, sa.pool) == ("short", SHORT)
+    assert (sb.lane, sb.pool) == ("long", LONG)
+    assert (sc.lane, sc.pool) == ("long", SHORT)  # short turn, history cached in the long group
+    assert [l.name for l in m.lanes] == ["short", "long"]
+
+
+def test_virtual_time_window_batches_short_arrivals():
+    async def main():
+        cfg = SchedulerConfig(threshold=64, window=WindowConfig(mode="static", static_s=0.010))
+        d, clock = _sim_dispatcher(config=cfg)
+        await d.start()
+        hs = []
+        for _ in range(3):
+            hs.append(d.submit([5] * 20 + [len(hs)], SamplingParams(max_tokens=1)))
+            await clock.sleep(0.002)
+        stats = [await h.result() for h in hs]
+        m = d.metrics()
+        await d.stop()
+        return stats, m
+    stats, m = run_simulated(main())
+    assert {s.prefill_done for s in stats} == {stats[0].prefill_done}  # one batch of three
+    assert stats[0].prefill_done >= 0.010
+    lane = m.lanes[0]
+    assert lane.counters.prefill_batch_sizes == {3: 1} and lane.window_waits == 1
+
+
+def test_abort_leaves_the_pool_and_frees_pages_at_once():
+    async def main():
+        d, clock = _sim_dispatcher()
+        await d.start()
+        h = d.submit(list(range(10, 1210)), SamplingParams(max_tokens=4))
+        await clock.sleep(0.001)
+        ex = d.lanes[0].executor
+        used_before = ex.engine.kv.num_used
+        h.abort()
+        await clock.sleep(0.2)
+        st = await h.result()
+        m = d.metrics()
+        await d.stop()
+        return used_before, st, m, ex.engine.kv.num_used
+    before, st, m, after = run_simulated(main())
+    assert before > 0 and after == 0
+    assert st.finish_reason == "abort" and m.aborted == 1 and m.queue_length(LONG) == 0
+
+
+def test_submit_rejects_what_can_never_run():
+    async def main():
+        d, _ = _sim_dispatcher()
+        await d.start()
+        with pytest.raises(ValueError, match="4096"):
+            d.submit([1] * 4000, SamplingParams(max_tokens=200))
+        with pytest.raises(ValueError, match="empty"):
+            d.submit([], SamplingParams())
+        await d.stop()
+    run_simulated(main())

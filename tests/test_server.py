@@ -1,0 +1,260 @@
+"""The HTTP server, driven over loopback by the official openai client, aiohttp and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import aiohttp
+import openai
+import pytest
+
+from server_utils import ServerProcess
+
+MODEL = "ckpt"
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    srv = ServerProcess(checkpoint("gqa2_untied"), "--served-model-name", MODEL)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def post(server, path, body, headers=None, raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(server.url + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def test_completion_stream_equals_whole(client):
+    kw = dict(model=MODEL, prompt="The quick brown fox", max_tokens=24, temperature=0)
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert whole.usage.completion_tokens == 24 and whole.choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 24
+    again = client.completions.create(**kw)
+    assert again.choices[0].text == whole.choices[0].text  # greedy is deterministic
+
+
+def test_chat_stream_equals_whole_with_multibyte_text(client):
+    msgs = [{"role": "user", "content": "Grüße 😀 — 日本語のテキスト"}]
+    whole = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30,
+                                           temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30,
+                                            temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == whole.choices[0].message.content
+    assert whole.choices[0].message.role == "assistant"
+
+
+def test_token_id_prompt_logprobs_and_stop(client, server):
+    r = client.completions.create(model=MODEL, prompt=[5, 6, 7, 8, 9], max_tokens=5,
+                                  temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5 and all(x <= 0 for x in lp.token_logprobs)
+    assert all(len(t) == 3 for t in lp.top_logprobs)
+    full = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = full[5:8]
+    assert stop and stop in full
+    cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30,
+                                    temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = dict(model=MODEL, prompt="Hello", max_tokens=16, temperature=0.9, top_p=0.9, seed=123)
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    assert a == b
+
+
+def test_models_health_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with urllib.request.urlopen(server.url + "/health") as r:
+        assert json.loads(r.read())["status"] == "ok"
+    assert server.metric("laps_compiles_after_warmup") == 0
+    assert server.metric("laps_requests_total") > 0
+    assert server.metric("laps_kv_pages_free") > 0
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    ("/v1/completions", None, 400, "invalid JSON"),
+    ("/v1/completions", [1, 2], 400, "JSON object"),
+    ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be"),
+    ("/v1/completions", {"prompt": "hi", "model": "other"}, 404, "does not exist"),
+    ("/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"prompt": [1, 2, 10 ** 9]}, 400, "outside the vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 100000}, 400, "512"),
+    ("/v1/completions", {"prompt": list(range(600))}, 400, "maximum context length is 512"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "content"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+])
+def test_bad_input_gets_4xx_json(server, path, body, status, needle):
+    raw = b"{not json" if body is None else None
+    code, err, _ = post(server, path, body, raw=raw)
+    assert code == status
+    assert set(err["error"]) >= {"message", "type", "code"}
+    assert needle in err["error"]["message"]
+
+
+def test_oversized_body_and_unknown_route(server):
+    code, err, _ = post(server, "/v1/completions", None, raw=b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
+    assert code == 413 and "too large" in err["error"]["message"]
+    code, err, _ = post(server, "/v1/nothing", {})
+    assert code == 404 and "error" in err
+
+
+def test_multi_turn_reuses_cached_history(server, client, checkpoint):
+    turn1 = [{"role": "user", "content": "Tell me about lists and tuples in Python, please."}]
+    r1 = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=24, temperature=0)
+    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content},
+                     {"role": "user", "content": "And dictionaries?"}]
+    r2 = client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=24, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= r1.usage.prompt_tokens - 8  # all full pages of the first prompt
+    cold = ServerProcess(checkpoint("gqa2_untied"), "--served-model-name", MODEL)
+    try:
+        c2 = openai.OpenAI(base_url=cold.url + "/v1", api_key="x", max_retries=0)
+        r2_cold = c2.chat.completions.create(model=MODEL, messages=turn2, max_tokens=24,
+                                             temperature=0)
+        assert r2_cold.usage.prompt_tokens_details.cached_tokens == 0
+        assert r2_cold.choices[0].message.content == r2.choices[0].message.content
+    finally:
+        cold.stop()
+
+
+async def _stream_and_drop(url: str):
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/completions", json={
+                "prompt": "Hello", "max_tokens": 400, "stream": True,
+                "temperature": 0}) as r:
+            assert r.status == 200
+            await r.content.readline()  # first event, then hang up
+
+
+def test_disconnect_mid_stream_frees_pages(server):
+    asyncio.run(_stream_and_drop(server.url))
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if server.metric("laps_running_requests") == 0 and server.metric("laps_kv_pages_used") == 0:
+            break
+        time.sleep(0.2)
+    assert server.metric("laps_running_requests") == 0
+    assert server.metric("laps_kv_pages_used") == 0
+
+
+async def _load(url: str, n: int):
+    sem_results = []
+
+    async def one(i, s):
+        n_prompt = 5 + (i * 37) % 300 if i % 5 else 350  # short mostly, some long
+        body = {"prompt": [(i + k) % 900 + 3 for k in range(n_prompt)],
+                "max_tokens": 4 + i % 12, "stream": True, "temperature": 0}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            text = await r.text()
+            sem_results.append((r.status, text, body["max_tokens"]))
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(i, s) for i in range(n)))
+    return sem_results
+
+
+@pytest.mark.slow
+def test_load_200_concurrent_streams(server):
+    results = asyncio.run(_load(server.url, 200))
+    assert len(results) == 200
+    assert all(status == 200 for status, _, _ in results)
+    for _, text, max_tokens in results:
+        assert text.rstrip().endswith("data: [DONE]")
+        events = [json.loads(l[6:]) for l in text.splitlines()
+                  if l.startswith("data: {")]
+        assert events[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    assert server.metric("laps_kv_pages_used") == 0
+    assert server.metric("laps_running_requests") == 0
+    assert server.metric("laps_compiles_after_warmup") == 0
+
+
+@pytest.fixture(scope="module")
+def guarded(checkpoint):
+    srv = ServerProcess(checkpoint("gqa2_untied"), "--api-key", "sekret", "--max-queue", "1",
+                        "--max-request-bytes", "2048")
+    yield srv
+    srv.stop()
+
+
+def test_api_key_required(guarded):
+    code, err, _ = post(guarded, "/v1/completions", {"prompt": "hi"})
+    assert code == 401 and err["error"]["code"] == "invalid_api_key"
+    code, err, _ = post(guarded, "/v1/completions", {"prompt": "hi"},
+                        {"Authorization": "Bearer wrong"})
+    assert code == 401
+    c = openai.OpenAI(base_url=guarded.url + "/v1", api_key="sekret", max_retries=0)
+    assert c.completions.create(model=c.models.list().data[0].id, prompt="hi",
+                                max_tokens=2).usage.completion_tokens == 2
+    code, err, _ = post(guarded, "/v1/completions", {"prompt": "x" * 4000},
+                        {"Authorization": "Bearer sekret"})
+    assert code == 413 and "2048" in err["error"]["message"]
+
+
+async def _queue_full(url: str):
+    h = {"Authorization": "Bearer sekret"}
+    async with aiohttp.ClientSession(headers=h) as s:
+        async with s.post(url + "/v1/completions", json={
+                "prompt": "a", "max_tokens": 300, "stream": True}) as first:
+            await first.content.readline()
+            async with s.post(url + "/v1/completions", json={"prompt": "b"}) as second:
+                return second.status, second.headers.get("Retry-After"), await second.json()
+
+
+def test_full_queue_answers_503_with_retry_after(guarded):
+    status, retry, body = asyncio.run(_queue_full(guarded.url))
+    assert status == 503 and retry is not None and "limit" in body["error"]["message"]
+
+
+def test_sigterm_finishes_in_flight_and_exits_zero(checkpoint):
+    srv = ServerProcess(checkpoint("gqa2_untied"))
+
+    async def run():
+        async with aiohttp.ClientSession() as s:
+            async with s.post(srv.url + "/v1/completions", json={
+                    "prompt": "Hi", "max_tokens": 120, "stream": True, "temperature": 0}) as r:
+                await r.content.readline()
+                srv.proc.send_signal(__import__("signal").SIGTERM)
+                text = await r.text()
+        return text
+
+    try:
+        text = asyncio.run(run())
+        assert text.rstrip().endswith("data: [DONE]")
+        assert '"finish_reason": "length"' in text
+        assert srv.proc.wait(60) == 0
+    finally:
+        srv.stop()
