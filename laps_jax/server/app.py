@@ -13,7 +13,6 @@ import dataclasses
 import hmac
 import json
 import logging
-import time
 
 from aiohttp import web
 
@@ -164,9 +163,11 @@ async def _whole(request, state, req: GenerationRequest, handle) -> web.Response
     if req.logprobs is not None:
         lp = (completion_logprobs(state.tokenizer, events) if req.kind == "completion"
               else chat_logprobs(state.tokenizer, events))
-    return web.json_response(out.whole(text.text, _finish_reason(stats, text), lp,
-                                       usage(len(req.prompt_ids), len(events),
-                                             stats.cached_tokens)))
+    body = out.whole(text.text, _finish_reason(stats, text), lp,
+                     usage(len(req.prompt_ids), len(events), stats.cached_tokens))
+    if req.return_token_ids:
+        body["choices"][0]["token_ids"] = [ev.token_id for ev in events]
+    return web.json_response(body)
 
 
 async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamResponse:
@@ -187,8 +188,11 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
         if req.logprobs is not None:
             lp = (completion_logprobs(state.tokenizer, [ev], offset) if req.kind == "completion"
                   else chat_logprobs(state.tokenizer, [ev]))
-        if delta or lp is not None or first:
-            await send(out.chunk(out.choice(delta, None, lp, True, first)))
+        if delta or lp is not None or first or req.return_token_ids:
+            choice = out.choice(delta, None, lp, True, first)
+            if req.return_token_ids:
+                choice["token_ids"] = [ev.token_id]
+            await send(out.chunk(choice))
             first = False
             offset += len(delta)
         if text.stopped:

@@ -40,6 +40,7 @@ class GenerationRequest:
     stop: list[str] = dataclasses.field(default_factory=list)
     logprobs: int | None = None    # None = no logprobs; else how many top alternatives
     model: str = ""
+    return_token_ids: bool = False  # extension: each choice carries "token_ids" (for replays)
 
 
 def _field(body: dict, name: str, types, default=None, *, allow_none: bool = True):
@@ -199,4 +200,5 @@ def parse_request(body: Any, kind: str, *, vocab_size: int, tokenizer, max_model
     opts = _field(body, "stream_options", dict, {}) or {}
     include_usage = bool(opts.get("include_usage", False))
     return GenerationRequest(kind, ids, params, stream, include_usage, stops, logprobs,
-                             model or served_names[0])
+                             model or served_names[0],
+                             _field(body, "return_token_ids", bool, False))

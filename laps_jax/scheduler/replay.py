@@ -1,0 +1,109 @@
+"""Replays a trace against a dispatcher in-process: what compare_modes measures.
+
+Open-loop traces (Azure, Mooncake) submit each request at its scaled arrival time. Session traces
+run closed-loop: turn k+1 is sent `think_s` after turn k's answer is complete, and its prompt is
+turn k's prompt + the answer actually generated + the new input, so the prefix cache sees real
+multi-turn reuse. Arrival (and think) times are multiplied by `time_scale`. A request's TTFT SLO
+comes from `slo_fn(new_tokens, cached_tokens)`, with the new tokens the trace implies (session
+history and Mooncake blocks already seen count as cached), so it is the same in every mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.scheduler.clock import Clock
+from laps_jax.scheduler.request import RequestStats
+from laps_jax.workload.records import Trace
+from laps_jax.workload.sessions import Session, SessionTrace, flatten_sessions
+
+SloFn = Callable[[int, int], float]
+
+
+@dataclasses.dataclass
+class OpenRequest:
+    request_id: str
+    arrival_s: float
+    prompt: list[int]
+    max_tokens: int
+    new_tokens: int  # prompt tokens the trace implies are not cached yet
+
+
+def open_requests(trace: Trace) -> list[OpenRequest]:
+    """Token prompts and expected new tokens, in arrival order."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for r in trace:
+        cached = r.history_len
+        if r.hash_ids and r.block_size:
+            full = min(len(r.hash_ids), r.input_len // r.block_size)
+            k = 0
+            while k < full and tuple(r.hash_ids[:k + 1]) in seen:
+                k += 1
+            seen.update(tuple(r.hash_ids[:i + 1]) for i in range(full))
+            cached = max(cached, min(k * r.block_size, r.input_len - 1))
+        out.append(OpenRequest(r.request_id, r.arrival_s, r.prompt_token_ids(),
+                               max(1, r.output_len), r.input_len - cached))
+    return out
+
+
+def natural_rate(arrivals: list[float]) -> float:
+    """Requests per second of a trace as recorded."""
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else float("inf")
+
+
+def session_arrivals(trace: SessionTrace) -> list[float]:
+    """Turn arrivals with zero response time (an upper bound on the request rate)."""
+    return [r.arrival_s for r in flatten_sessions(trace)]
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+
+async def replay_open(dispatcher, reqs: list[OpenRequest], time_scale: float, slo_fn: SloFn,
+                      clock: Clock) -> list[RequestStats]:
+    start = clock.now()
+    handles = []
+    for r in reqs:
+        t = start + r.arrival_s * time_scale
+        await clock.sleep(t - clock.now())
+        handles.append(dispatcher.submit(
+            r.prompt, _params(r.max_tokens), arrival_time=t, request_id=r.request_id,
+            slo=slo_fn(r.new_tokens, len(r.prompt) - r.new_tokens)))
+    return [await h.result() for h in handles]
+
+
+async def _session(dispatcher, s: Session, trace: SessionTrace, start: float, time_scale: float,
+                   slo_fn: SloFn, clock: Clock, max_len: int) -> list[RequestStats]:
+    out: list[RequestStats] = []
+    prompt: list[int] | None = None
+    answer: list[int] | None = None
+    t = start + s.arrival_s * time_scale
+    for k, turn in enumerate(s.turns):
+        if k:
+            t = clock.now() + turn.think_s * time_scale
+        prompt = s.prompt_ids(k, trace.token_space, prompt, answer)
+        n_out = max(1, turn.output_tokens)
+        if len(prompt) + n_out > max_len:
+            break  # the conversation outgrew the context: it ends here
+        await clock.sleep(t - clock.now())
+        new = min(turn.new_input_tokens, len(prompt))
+        h = dispatcher.submit(prompt, _params(n_out), arrival_time=t,
+                              request_id=f"{s.session_id}/{k}",
+                              slo=slo_fn(new, len(prompt) - new))
+        out.append(await h.result())
+        answer = h.tokens
+    return out
+
+
+async def replay_sessions(dispatcher, trace: SessionTrace, time_scale: float, slo_fn: SloFn,
+                          clock: Clock, max_len: int) -> list[RequestStats]:
+    start = clock.now()
+    runs = await asyncio.gather(*(_session(dispatcher, s, trace, start, time_scale, slo_fn,
+                                           clock, max_len) for s in trace.sessions))
+    return [st for run in runs for st in run]

@@ -1,0 +1,137 @@
+"""Summaries of a replay: the numbers compare_modes writes, the laps/mixed ratios, a markdown
+table and TTFT plots. Pure functions over `RequestStats` lists."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from laps_jax.scheduler.request import LONG, SHORT, RequestStats
+
+# The fields DESIGN.md promises in comparison.json, and which way is better for each.
+FIELDS = ("ttft_ms_p50", "ttft_ms_p90", "ttft_short_ms_p90", "ttft_long_ms_p90",
+          "prefill_latency_ms_mean", "slo_violation_rate", "throughput_tokens_per_s",
+          "completed", "failed")
+# Issue 4's goals for laps / mixed.
+GOALS = {"ttft_short_ms_p90": ("<=", 0.5), "prefill_latency_ms_mean": ("<=", 0.7),
+         "slo_violation_rate": ("<=", 0.72), "ttft_long_ms_p90": ("<=", 1.1),
+         "throughput_tokens_per_s": (">=", 1.0)}
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1e3 * x
+
+
+def summarize(stats: Iterable[RequestStats]) -> dict:
+    """The comparison fields (and a few more) for one mode's requests."""
+    stats = list(stats)
+    done = [s for s in stats if s.finish_reason in ("length", "stop") and s.ttft is not None]
+    ttft = [s.ttft for s in done]
+    short = [s.ttft for s in done if s.pool == SHORT]
+    long = [s.ttft for s in done if s.pool == LONG]
+    prefill = [s.prefill_latency for s in done]
+    with_slo = [s for s in stats if s.slo_s is not None]
+    t0 = min((s.arrival for s in stats), default=0.0)
+    t1 = max((s.finished or s.arrival for s in stats), default=0.0)
+    tokens = sum(s.new_tokens + s.output_tokens for s in done)
+    return {
+        "ttft_ms_p50": _ms(_pct(ttft, 50)), "ttft_ms_p90": _ms(_pct(ttft, 90)),
+        "ttft_ms_p99": _ms(_pct(ttft, 99)), "ttft_ms_mean": _ms(float(np.mean(ttft)) if ttft else None),
+        "ttft_short_ms_p50": _ms(_pct(short, 50)), "ttft_short_ms_p90": _ms(_pct(short, 90)),
+        "ttft_long_ms_p50": _ms(_pct(long, 50)), "ttft_long_ms_p90": _ms(_pct(long, 90)),
+        "prefill_latency_ms_mean": _ms(float(np.mean(prefill)) if prefill else None),
+        "slo_violation_rate": (sum(bool(s.slo_violated) for s in with_slo) / len(with_slo)
+                               if with_slo else None),
+        "throughput_tokens_per_s": tokens / (t1 - t0) if t1 > t0 else None,
+        "completed": len(done), "failed": len(stats) - len(done),
+        "short_requests": sum(s.pool == SHORT for s in done),
+        "long_requests": sum(s.pool == LONG for s in done),
+        "cached_tokens": sum(s.cached_tokens for s in done),
+        "makespan_s": t1 - t0,
+    }
+
+
+def ratio(a: dict, b: dict, fields: Sequence[str] = FIELDS) -> dict:
+    """a / b for every numeric field both have (None where undefined)."""
+    out = {}
+    for k in fields:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y:
+            out[k] = x / y
+        elif isinstance(x, (int, float)) and x == 0 and y == 0:
+            out[k] = 1.0
+        else:
+            out[k] = None
+    return out
+
+
+def goals_met(r: dict) -> dict:
+    met = {}
+    for k, (op, v) in GOALS.items():
+        x = r.get(k)
+        met[k] = None if x is None else (x <= v if op == "<=" else x >= v)
+    return met
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+    return str(x)
+
+
+def markdown(results: dict, ratios: dict) -> str:
+    """Per-mode rows and the ratio rows, one column per field."""
+    cols = list(FIELDS)
+    lines = ["| | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for mode, s in results.items():
+        lines.append(f"| {mode} | " + " | ".join(_fmt(s.get(c)) for c in cols) + " |")
+    for name, r in ratios.items():
+        lines.append(f"| **{name}** | " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    goal = [f"{GOALS[c][0]} {GOALS[c][1]}" if c in GOALS else "" for c in cols]
+    lines.append("| goal (laps/mixed) | " + " | ".join(goal) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(per_mode: dict[str, list[RequestStats]], path_cdf: str, path_split: str,
+         title: str = "") -> None:
+    """TTFT CDF per mode; and short vs long TTFT CDFs side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def cdf(ax, xs, label):
+        xs = np.sort(np.asarray(xs) * 1e3)
+        if len(xs):
+            ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=f"{label} (n={len(xs)})")
+
+    def ok(s):
+        return s.ttft is not None and s.finish_reason in ("length", "stop")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, stats in per_mode.items():
+        cdf(ax, [s.ttft for s in stats if ok(s)], mode)
+    ax.set(xscale="log", xlabel="TTFT (ms)", ylabel="fraction of requests", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path_cdf, dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, pool in zip(axes, (SHORT, LONG)):
+        for mode, stats in per_mode.items():
+            cdf(ax, [s.ttft for s in stats if ok(s) and s.pool == pool], mode)
+        ax.set(xscale="log", xlabel="TTFT (ms)", title=f"{pool} requests {title}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("fraction of requests")
+    fig.tight_layout()
+    fig.savefig(path_split, dpi=120)
+    plt.close(fig)

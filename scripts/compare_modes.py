@@ -1,0 +1,98 @@
+"""Replay one trace against mixed, laps and laps-spatial in one process; write the comparison.
+
+    python scripts/compare_modes.py --model bench-cpu --trace ../shared/traces/azure_llm_2023_conv.csv \
+        --trace-format azure --max-requests 200 --length-scale 0.1 --output-dir runs/azure
+
+Writes DIR/comparison.json (per mode, the laps/mixed `ratio`, goals met, run settings, scheduler
+metrics), DIR/comparison.md (table), DIR/requests.jsonl (every request's stats) and
+DIR/ttft_cdf.png, DIR/ttft_short_long.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from laps_jax.cli import add_engine_args, engine_config_from_args  # noqa: E402
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_engine_args(ap)
+    ap.set_defaults(model="bench-cpu", max_chunk=512, max_decode_batch=16, kv_cache_tokens=32768)
+    g = ap.add_argument_group("workload")
+    g.add_argument("--trace", required=True, help="trace file (Azure CSV, Mooncake or sessions JSONL)")
+    g.add_argument("--trace-format", required=True, choices=("azure", "mooncake", "sessions"),
+                   help="format of --trace")
+    g.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first N requests (sessions: N turns)")
+    g.add_argument("--length-scale", type=float, default=1.0,
+                   help="multiply prompt and output lengths (fit a CPU); lengths are also cut "
+                        "to --max-model-len")
+    g.add_argument("--load", type=float, default=0.8,
+                   help="scale arrivals so mixed runs at this fraction of its capacity, measured "
+                        "by replaying the first --capacity-requests at once")
+    g.add_argument("--time-scale", type=float, default=None,
+                   help="multiply arrival and think times by this instead of deriving it from "
+                        "--load (use the value of an earlier run to replay the same arrivals)")
+    g.add_argument("--capacity-requests", type=int, default=24,
+                   help="requests replayed at once to measure mixed's capacity")
+    g.add_argument("--slo-scale", type=float, default=5.0,
+                   help="a request's TTFT SLO = this x the predicted isolated prefill latency "
+                        "of its new tokens")
+    s = ap.add_argument_group("scheduler")
+    s.add_argument("--modes", default="mixed,laps,laps-spatial",
+                   help="comma-separated modes to run (ratios need mixed)")
+    s.add_argument("--threshold", default="auto",
+                   help="short/long cut in new tokens after the prefix match: an integer, or "
+                        "'auto' for the latency model's compute-bound crossover")
+    s.add_argument("--profile", default=None,
+                   help="profile JSON from scripts/profile_latency.py (default: profile 24 "
+                        "shapes now)")
+    s.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
+                   help="short-pool waiting window: adaptive (arrival rate and SLO slack), "
+                        "static (--static-window seconds) or off (dispatch at once; ablation)")
+    s.add_argument("--static-window", type=float, default=0.005,
+                   help="static window length in seconds")
+    s.add_argument("--window-max", type=float, default=None,
+                   help="cap of the adaptive window in seconds (default: half the cheapest "
+                        "predicted step)")
+    s.add_argument("--no-buckets", action="store_true",
+                   help="ablation: compile one prefill executable (1 x --max-chunk) so every "
+                        "prefill step pads to it, instead of the (batch, tokens) bucket grid")
+    s.add_argument("--output-dir", required=True, help="directory for the results")
+    s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from laps_jax.scheduler.compare import CompareOptions, run_comparison
+    from laps_jax.scheduler.window import WindowConfig
+    threshold = None if args.threshold == "auto" else int(args.threshold)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    opts = CompareOptions(
+        model=args.model, trace=args.trace, trace_format=args.trace_format,
+        output_dir=args.output_dir, ecfg=engine_config_from_args(args), modes=modes,
+        max_requests=args.max_requests, load=args.load, length_scale=args.length_scale,
+        slo_scale=args.slo_scale, threshold=threshold,
+        window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
+        buckets=not args.no_buckets, time_scale=args.time_scale, profile=args.profile,
+        capacity_requests=args.capacity_requests, dtype=args.dtype or "float32", seed=args.seed,
+        compile_cache=args.compile_cache)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    out = run_comparison(opts, log)
+    with open(os.path.join(args.output_dir, "comparison.md")) as f:
+        print(f.read())
+    if "ratio" in out:
+        print("goals met (laps/mixed):", out["goals_met"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
