@@ -34,6 +34,8 @@ def parse(argv):
     g.add_argument("--length-scale", type=float, default=1.0,
                    help="multiply prompt and output lengths (fit a CPU); lengths are also cut "
                         "to --max-model-len")
+    g.add_argument("--max-output", type=int, default=None,
+                   help="cap each request's output tokens (decode steps are costly on a CPU)")
     g.add_argument("--load", type=float, default=0.8,
                    help="scale arrivals so mixed runs at this fraction of its capacity, measured "
                         "by replaying the first --capacity-requests at once")
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         slo_scale=args.slo_scale, threshold=threshold,
         window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
         buckets=not args.no_buckets, time_scale=args.time_scale, profile=args.profile,
-        capacity_requests=args.capacity_requests, dtype=args.dtype or "float32", seed=args.seed,
+        capacity_requests=args.capacity_requests, max_output=args.max_output, dtype=args.dtype or "float32", seed=args.seed,
         compile_cache=args.compile_cache)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     out = run_comparison(opts, log)

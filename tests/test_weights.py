@@ -120,3 +120,17 @@ def test_tensor_parallel_logits_equal_unsharded(checkpoint):
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["finite"] and res["max_diff"] < 1e-4
+
+
+def test_bfloat16_weights_and_kv_track_float32(checkpoint):
+    """bf16 weights and bf16 KV pages: same top token, log-probs within bf16 precision."""
+    d = checkpoint("gqa2_untied")
+    f32, bf16 = load_model(d, "float32"), load_model(d, "bfloat16")
+    ids = np.random.default_rng(2).integers(0, f32.cfg.vocab_size, 30)
+    a = prompt_logprobs(f32.cfg, f32.params, ids)
+    runner = ModelRunner(bf16.cfg, bf16.params, num_pages=16, page_size=8, max_model_len=128,
+                         grid=GRID)
+    assert runner.k_cache.dtype == jax.numpy.bfloat16
+    b = runner.run([SeqInput(ids, 0, [1, 2, 3, 4])], prompt_logprobs=True)[0].target_logprobs
+    assert np.isfinite(b).all()
+    assert np.abs(a - b).max() < 0.15 and np.abs(a - b).mean() < 0.05

@@ -53,6 +53,7 @@ class CompareOptions:
     time_scale: float | None = None    # None: from the measured capacity and `load`
     profile: str | None = None
     capacity_requests: int = 24
+    max_output: int | None = None      # cap on output tokens per request (decode is costly here)
     dtype: str = "float32"
     seed: int = 0
     compile_cache: str | None = None
@@ -89,10 +90,18 @@ def _latency_model(o: CompareOptions, engine: Engine, log) -> LatencyModel:
 def _workload(o: CompareOptions, vocab: int, max_len: int):
     opts = TraceOptions(max_requests=o.max_requests, length_scale=o.length_scale,
                         vocab_size=vocab, max_len=max_len, seed=o.seed)
+    cap = o.max_output or 1 << 30
     if o.trace_format == "sessions":
-        return read_sessions_jsonl(o.trace, opts)
+        st = read_sessions_jsonl(o.trace, opts)
+        for s in st.sessions:
+            s.turns = [dataclasses.replace(t, output_tokens=min(t.output_tokens, cap))
+                       for t in s.turns]
+        return st
     reader = read_azure_csv if o.trace_format == "azure" else read_mooncake_jsonl
-    return open_requests(reader(o.trace, opts))
+    reqs = open_requests(reader(o.trace, opts))
+    for r in reqs:
+        r.max_tokens = min(r.max_tokens, cap)
+    return reqs
 
 
 def _subset(work, n: int):
@@ -181,6 +190,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     out["run"] = {
         "model": o.model, "trace": o.trace, "trace_format": o.trace_format,
         "requests": n_req, "load": o.load, "length_scale": o.length_scale,
+        "max_output": o.max_output,
         "slo_scale": o.slo_scale, "time_scale": time_scale,
         "mixed_capacity_rps": capacity, "threshold": o.threshold or "auto",
         "threshold_at_0_cached": min(model.threshold(0), engine.grid.max_chunk)

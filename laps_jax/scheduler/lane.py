@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 class Lane:
     def __init__(self, name: str, executor: StepExecutor, planner, clock: Clock,
-                 threshold: Callable[[int], int], on_finish: Callable[[Request], None]):
+                 threshold: Callable[[int], int], on_finish: Callable[[Request], None],
+                 decode_gap_s: float = 0.0):
         self.name, self.executor, self.planner, self.clock = name, executor, planner, clock
         self.threshold, self.on_finish = threshold, on_finish
         self.incoming: collections.deque[Request] = collections.deque()
@@ -37,6 +38,8 @@ class Lane:
         self.wake = asyncio.Event()
         self.stopping = False
         self._last = ""
+        self.decode_gap_s = decode_gap_s
+        self._last_decode = 0.0
         self.max_decode = executor.grid.decode_batches[-1]
 
     # -- from the dispatcher --------------------------------------------------------------
@@ -97,7 +100,8 @@ class Lane:
 
     def _next(self, now: float):
         plan = self.planner.plan(now)
-        if self.decoding and (self._last == "prefill" or not isinstance(plan, PrefillPlan)):
+        if self.decoding and (not isinstance(plan, PrefillPlan) or (
+                self._last == "prefill" and now - self._last_decode >= self.decode_gap_s)):
             return "decode"
         return plan
 
@@ -142,6 +146,7 @@ class Lane:
 
     async def _decode(self) -> None:
         self._last = "decode"
+        self._last_decode = self.clock.now()
         batch = self.decoding[:self.max_decode]
         self.inflight = set(batch)
         try:

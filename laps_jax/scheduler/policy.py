@@ -38,6 +38,7 @@ class SchedulerConfig:
     max_postpone_s: float | None = None   # starvation bound of the long pool
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
     max_padding: float = 0.5              # largest padded share a batch may grow to
+    decode_gap_s: float = 0.0             # prefill may hold decode back this long (0: alternate)
     fallback_threshold: int = 256         # used when there is no latency model
 
 

@@ -1,0 +1,192 @@
+"""One streamed ``/v1/completions`` call, timed: the wire half of the HTTP replay.
+
+A replay sends token-id prompts (``"prompt": [ids]``) with ``temperature: 0``, ``stream: true``,
+``stream_options.include_usage`` and the server's ``return_token_ids`` extension, so each
+streamed chunk carries the id of the token it adds. From the stream it records TTFT (the first
+chunk that carries a token), end-to-end latency, the mean inter-token latency, the answer's
+token ids and the usage's ``cached_tokens``. A request that fails (non-200, connection error,
+timeout, a stream cut short) is recorded with its status and message, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """How to replay. ``model=None`` asks the server (``GET /v1/models``) for its first model.
+
+    ``timeout_s`` bounds each request, ``deadline_s`` the whole replay (what is still running
+    then is cancelled and recorded as failed); ``concurrency_limit`` caps requests in flight
+    (a request waiting for a slot keeps its scheduled arrival, so the wait shows as ``queue_s``).
+    ``keep_token_ids`` keeps every prompt and answer in the records (memory: off for big traces).
+    """
+
+    model: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    deadline_s: float | None = 3600.0
+    concurrency_limit: int | None = None
+    short_threshold: int = 256
+    keep_token_ids: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
+        if self.concurrency_limit is not None and self.concurrency_limit < 1:
+            raise ValueError(f"concurrency_limit must be >= 1, got {self.concurrency_limit}")
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """One request of a replay. Times in seconds; ``arrival_s``/``sent_s`` from replay start.
+
+    ``new_tokens``: prompt tokens beyond the previous turn's prompt + answer (the whole prompt
+    for a first turn or an open-loop request). ``status`` is the HTTP status (None: no answer).
+    """
+
+    request_id: str
+    arrival_s: float | None  # None: a later turn that was never scheduled
+    max_tokens: int
+    session_id: str | None = None
+    turn: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    sent_s: float | None = None
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s_mean: float | None = None
+    cached_tokens: int = 0
+    status: int | None = None
+    finish_reason: str | None = None
+    error: str | None = "not sent"
+    prompt_ids: list[int] | None = dataclasses.field(default=None, repr=False)
+    answer_ids: list[int] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    @property
+    def queue_s(self) -> float | None:
+        if self.sent_s is None or self.arrival_s is None:
+            return None
+        return max(0.0, self.sent_s - self.arrival_s)
+
+    def to_json(self, with_ids: bool = False) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("prompt_ids", "answer_ids")}
+        out["queue_s"] = self.queue_s
+        if with_ids:
+            out["prompt_ids"], out["answer_ids"] = self.prompt_ids, self.answer_ids
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    model: str
+    max_model_len: int | None
+
+
+async def fetch_server_info(http: aiohttp.ClientSession, base_url: str,
+                            config: ReplayConfig) -> ServerInfo:
+    """The served model (``config.model`` if set) and its context length, from /v1/models."""
+    async with http.get(base_url.rstrip("/") + "/v1/models", headers=config.headers(),
+                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+        if r.status != 200:
+            raise RuntimeError(f"GET /v1/models answered {r.status}: {await r.text()}")
+        data = (await r.json()).get("data") or []
+    entry = next((m for m in data if config.model in (None, m.get("id"))), None)
+    if entry is None:
+        names = [m.get("id") for m in data]
+        raise RuntimeError(f"the server does not serve {config.model!r} (it serves {names})")
+    max_len = entry.get("max_model_len")
+    return ServerInfo(entry["id"], int(max_len) if isinstance(max_len, int) else None)
+
+
+def _error_message(status: int, body: str) -> str:
+    try:
+        return f"HTTP {status}: {json.loads(body)['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}: {body[:300]}"
+
+
+async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: str,
+                            prompt_ids: list[int], rec: RequestRecord, config: ReplayConfig,
+                            t0: float) -> list[int]:
+    """Send ``prompt_ids``, fill ``rec`` in, return the answer's token ids ([] on failure).
+
+    ``t0`` is the replay's ``time.perf_counter()`` origin (for ``rec.sent_s``).
+    """
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": rec.max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
+    rec.prompt_tokens, rec.error = len(prompt_ids), None
+    start = time.perf_counter()
+    rec.sent_s = start - t0
+    ids: list[int] = []
+    stamps: list[float] = []
+    usage: dict | None = None
+    done = False
+    try:
+        async with asyncio.timeout(config.timeout_s):
+            async with http.post(base_url.rstrip("/") + "/v1/completions", json=body,
+                                 headers=config.headers()) as r:
+                rec.status = r.status
+                if r.status != 200:
+                    rec.error = _error_message(r.status, await r.text())
+                    return []
+                async for raw in r.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    now = time.perf_counter()
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        new = choice.get("token_ids") or []
+                        if new or choice.get("text"):
+                            stamps.append(now)
+                        ids.extend(new)
+                        rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
+    except TimeoutError:
+        rec.error = f"timeout after {config.timeout_s:g} s"
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    except asyncio.CancelledError:
+        rec.error = "cancelled: the replay's deadline was reached"
+        raise
+    finally:
+        end = time.perf_counter()
+        rec.e2e_s = end - start
+        rec.ttft_s = stamps[0] - start if stamps else None
+        if len(stamps) >= 2:
+            rec.itl_s_mean = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+        rec.output_tokens = len(ids)
+        if usage:
+            rec.output_tokens = int(usage.get("completion_tokens", len(ids)))
+            details = usage.get("prompt_tokens_details") or {}
+            rec.cached_tokens = int(details.get("cached_tokens") or 0)
+        if rec.error is None and not done:
+            rec.error = "the stream ended before [DONE]"
+        if rec.error is None and rec.finish_reason not in ("stop", "length"):
+            rec.error = f"finish_reason {rec.finish_reason!r}"
+    return ids if rec.error is None else []
