@@ -73,7 +73,7 @@ def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
     from laps_jax.models.loader import load_model
     from laps_jax.server.tokenizer import Tokenizer
 
-    enable_persistent_cache(args.compile_cache)
+    cache_dir = enable_persistent_cache(args.compile_cache)
     spec = builtin_model_dir() if args.model == "builtin" else args.model
     dtype = args.dtype or ("bfloat16" if jax.default_backend() == "gpu" else "float32")
     t0 = time.perf_counter()
@@ -85,8 +85,14 @@ def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
     log(f"loaded {args.model} ({loaded.cfg.num_params() / 1e6:.1f}M params, {dtype}) "
         f"in {t1 - t0:.1f} s")
     if warmup:
-        engine.warmup(prompt_logprobs)
+        from tqdm import tqdm
+        with tqdm(desc="compiling buckets", unit="bucket", file=sys.stderr, leave=False) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+            engine.warmup(prompt_logprobs, progress)
     t2 = time.perf_counter()
-    log(f"compiled {len(engine.runner.executables)} bucket executables in {t2 - t1:.1f} s")
+    log(f"compiled {len(engine.runner.executables)} bucket executables in {t2 - t1:.1f} s "
+        f"(persistent compilation cache: {cache_dir}; later starts reuse it)")
     return BuiltEngine(engine, tokenizer, os.path.basename(os.path.normpath(spec)),
                        t1 - t0, t2 - t1)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import itertools
 import json
-import math
 import os
 import random
 import re
@@ -50,10 +50,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT, help="checkpoint directory to write")
-    ap.add_argument("--steps", type=int, default=650, help="optimizer steps")
+    ap.add_argument("--steps", type=int, default=900, help="optimizer steps")
     ap.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per training sequence")
-    ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    ap.add_argument("--lr", type=float, default=4e-3, help="peak learning rate (AdamW)")
     ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr / peak lr")
     ap.add_argument("--warmup", type=int, default=50, help="linear warm-up steps")
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -94,6 +94,8 @@ def prose_paragraphs(text: str) -> list[str]:
             continue  # indented code / literal block, or a heading
         s = " ".join(ln.strip() for ln in lines)
         s = re.sub(r"\s+", " ", s).strip()
+        s = re.sub(r"(?<=[a-z])- (?=[a-z])", "-", s)  # "built-\nin" re-flowed
+        s = re.sub(r"\*{1,2}([^*\s][^*]*?)\*{1,2}", r"\1", s)  # *emphasis*, **strong**
         if len(s) < 60 or not s[0].isupper() or s[-1] not in ".:!?)\"":
             continue
         if s.endswith("::"):
@@ -127,8 +129,8 @@ _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-pack
               "turtledemo", "__pycache__", "pydoc_data", "__phello__", "encodings"}
 
 
-def stdlib_docstrings() -> list[tuple[str, str, list[str]]]:
-    """(kind, dotted name, paragraphs) of every documented module, class and function of the
+def stdlib_docstrings() -> list[tuple[str, str, str, list[str]]]:
+    """(module, kind, dotted name, paragraphs) of every documented module, class and function of the
     standard library, parsed from source (nothing is imported); sorted, so deterministic."""
     root = sysconfig.get_paths()["stdlib"]
     out = []
@@ -148,7 +150,7 @@ def stdlib_docstrings() -> list[tuple[str, str, list[str]]]:
                     tree = ast.parse(fh.read())
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
-            out.extend(_docstrings_of(tree, module))
+            out.extend((module, *item) for item in _docstrings_of(tree, module))
     return out
 
 
@@ -173,7 +175,8 @@ def _docstrings_of(tree, module: str):
 _QUESTIONS = {
     "topic": ("Tell me about {s}.", "Explain {s}.", "What should I know about {s}?",
               "Can you describe {s} in Python?", "How does Python handle {s}?"),
-    "alias": ("What is {s}?", "What is {s} in Python?", "Explain {s}.", "Tell me about {s}."),
+    "alias-what": ("What is {s}?",),
+    "alias": ("What is {s} in Python?", "Explain {s}.", "Tell me about {s}."),
     "module": ("What is the {s} module?", "Tell me about the {s} module.",
                "What does the {s} module do?"),
     "class": ("What is {s}?", "Tell me about the {s} class.", "What is {s} used for?"),
@@ -217,17 +220,19 @@ def build_documents(chat_fraction: float, rng: random.Random):
         for i in range(0, len(answers), 2):  # each pair of paragraphs can answer a question
             if rng.random() < min(1.0, 2 * chat_fraction):
                 chats.append(("topic", title, answers[i:i + 2]))
-        for alias in _ALIASES.get(key, ()):
-            for i in range(min(3, len(answers))):
-                chats.append(("alias", alias, answers[i:i + 1 + (i == 0)]))
-    for kind, name, paras in stdlib_docstrings():
-        paras = fresh(paras)
-        if not paras:
-            continue
-        plain.append("\n\n".join(paras))
-        answers = [p for p in paras if not p.endswith(":")]
-        if answers and rng.random() < chat_fraction:
-            chats.append((kind, name, answers[:2]))
+        for alias in _ALIASES.get(key, ()):  # one answer per everyday question, asked twice
+            chats += [("alias-what", alias, answers[:1]), ("alias", alias, answers[:1])]
+    # One plain document per module (its docstrings in source order), so documents run long.
+    for _, items in itertools.groupby(stdlib_docstrings(), key=lambda item: item[0]):
+        text = []
+        for _, kind, name, paras in items:
+            paras = fresh(paras)
+            text += paras
+            answers = [p for p in paras if not p.endswith(":")]
+            if answers and rng.random() < chat_fraction:
+                chats.append((kind, name, answers[:2]))
+        if text:
+            plain.append("\n\n".join(text))
     samples = []
     for kind, subject, paras in chats:
         question = rng.choice(_QUESTIONS[kind]).format(s=subject)
@@ -248,8 +253,8 @@ def build_documents(chat_fraction: float, rng: random.Random):
 def train_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE laid out like Qwen2's: NFC, Qwen's split regex, ByteLevel; the base
     vocabulary first, then <|endoftext|>, <|im_start|>, <|im_end|> (the last three ids)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -374,7 +379,7 @@ def make_optimizer(args):
         0.0, args.lr, warmup_steps=min(args.warmup, max(args.steps - 1, 1)),
         decay_steps=max(args.steps, 2), end_value=args.lr * args.min_lr_ratio)
 
-    def decay_mask(params):  # no weight decay on norms and biases
+    def decay_mask(params):  # decay matrices and (stacked) biases, not the RMSNorm scales
         return jax.tree_util.tree_map_with_path(
             lambda path, p: p.ndim >= 2 and "norm" not in jax.tree_util.keystr(path), params)
 
