@@ -37,11 +37,14 @@ def parse(argv):
     g.add_argument("--max-output", type=int, default=None,
                    help="cap each request's output tokens (decode steps are costly on a CPU)")
     g.add_argument("--load", type=float, default=0.8,
-                   help="scale arrivals so mixed runs at this fraction of its capacity, measured "
-                        "by replaying the first --capacity-requests at once")
+                   help="scale arrivals so mixed runs at this fraction of its prefill capacity, "
+                        "measured by replaying the first --capacity-requests at once")
     g.add_argument("--time-scale", type=float, default=None,
                    help="multiply arrival and think times by this instead of deriving it from "
                         "--load (use the value of an earlier run to replay the same arrivals)")
+    g.add_argument("--capacity-mode", choices=("serving", "prefill"), default="serving",
+                   help="capacity measured with each request's decode interleaved as when "
+                        "serving, or prefill only (one output token each)")
     g.add_argument("--capacity-requests", type=int, default=24,
                    help="requests replayed at once to measure mixed's capacity")
     g.add_argument("--slo-scale", type=float, default=5.0,
@@ -64,9 +67,19 @@ def parse(argv):
     s.add_argument("--window-max", type=float, default=None,
                    help="cap of the adaptive window in seconds (default: half the cheapest "
                         "predicted step)")
+    s.add_argument("--order", choices=("ratio", "aging"), default="ratio",
+                   help="order inside each pool: highest response ratio (waited + service) / "
+                        "service first, or remaining tokens minus a linear aging credit")
+    s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
+                   help="laps: a ready short batch always runs first (short-first, the LAPS "
+                        "policy), or yields to a long request whose score is lower (aging)")
     s.add_argument("--no-buckets", action="store_true",
                    help="ablation: compile one prefill executable (1 x --max-chunk) so every "
                         "prefill step pads to it, instead of the (batch, tokens) bucket grid")
+    s.add_argument("--simulate", action="store_true",
+                   help="no engine: run the same dispatcher on simulated executors in virtual "
+                        "time, each step taking the --profile latency model's prediction "
+                        "(laps-spatial then gets two such devices)")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
     return ap.parse_args(argv)
@@ -84,9 +97,10 @@ def main(argv=None) -> int:
         max_requests=args.max_requests, load=args.load, length_scale=args.length_scale,
         slo_scale=args.slo_scale, threshold=threshold,
         window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
-        buckets=not args.no_buckets, time_scale=args.time_scale, profile=args.profile,
-        capacity_requests=args.capacity_requests, max_output=args.max_output, dtype=args.dtype or "float32", seed=args.seed,
-        compile_cache=args.compile_cache)
+        buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order, time_scale=args.time_scale, profile=args.profile,
+        capacity_requests=args.capacity_requests, max_output=args.max_output,
+        capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,
+        compile_cache=args.compile_cache, simulate=args.simulate)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:

@@ -72,7 +72,7 @@ def test_static_window_waits_then_dispatches():
     clock.advance(0.007)
     plan = pool.plan(clock.now())
     assert isinstance(plan, PrefillPlan) and len(plan.work) == 2
-    assert plan.waited == pytest.approx(0.011)
+    assert plan.waited == pytest.approx(0.007)  # held since the first "wait" at 0.004
 
 
 def test_window_dispatches_at_once_when_the_bucket_is_full():
@@ -120,15 +120,18 @@ def test_long_pool_orders_by_remaining_with_aging():
     assert pool.ordered(6.0) == [young, old, later]   # 0 < 900 - 600 < 400: old overtakes
 
 
-def test_starved_long_request_goes_first():
+def test_starvation_bound_is_on_the_long_pool_and_serves_the_longest_waiting():
     pool = LongPool(GRID, 256, 0.0, max_postpone_s=0.5)
     a, b = req(300), req(2000)
     pool.add(a, 0.0)
     pool.add(b, 0.0)
     assert pool.starved(0.4) is None
-    a.last_served = 0.6
-    assert pool.starved(0.6) is b
-    assert pool.plan(0.6, first=b).work[0][0] is b
+    a.last_served = 0.45
+    pool.dispatched(0.45, forced=False)  # a long step ran: the clock restarts
+    assert pool.starved(0.9) is None
+    assert pool.starved(0.95) is b       # postponed 0.5 s since the last long step
+    plan = pool.plan(0.95, first=b)
+    assert plan.work[0][0] is b and plan.forced
 
 
 def _sim_dispatcher(mode="laps", config=None, model=MODEL, lanes=1):
@@ -244,3 +247,46 @@ def test_submit_rejects_what_can_never_run():
             d.submit([], SamplingParams())
         await d.stop()
     run_simulated(main())
+
+
+def test_abort_during_a_decode_step_loses_no_other_request():
+    async def main():
+        d, clock = _sim_dispatcher(config=SchedulerConfig(threshold=64,
+                                                          window=WindowConfig(mode="off")))
+        await d.start()
+        hs = [d.submit([9] * 10 + [i], SamplingParams(max_tokens=20)) for i in range(12)]
+        while len(hs[0].tokens) < 3:  # 12 decoders, 8 per decode step: round robin
+            await clock.sleep(0.001)
+        hs[0].abort()
+        stats = [await h.result() for h in hs]
+        await d.stop()
+        return stats
+    stats = run_simulated(main())
+    assert stats[0].finish_reason == "abort"
+    assert all(s.finish_reason == "length" and s.output_tokens == 20 for s in stats[1:])
+
+
+def test_cross_pool_aging_lets_a_long_waiter_overtake_a_ready_short_batch():
+    from laps_jax.scheduler.policy import LapsPlanner, derive
+    for cross, first in (("short-first", SHORT), ("aging", LONG)):
+        d = derive(SchedulerConfig(threshold=64, aging_tokens_per_s=100.0, max_postpone_s=100.0,
+                                   window=WindowConfig(mode="off"), cross_pool=cross),
+                   GRID, None)
+        planner = LapsPlanner(GRID, d)
+        long_r, short_r = req(300), req(20)
+        long_r.stats.pool, short_r.stats.pool = LONG, SHORT
+        planner.add(long_r, 0.0)
+        planner.add(short_r, 2.9)
+        assert planner.plan(2.9).pool == first  # long: 300 - 290 = 10 < short: 20
+
+
+def test_response_ratio_order_ages_in_proportion_to_size():
+    pool = LongPool(GRID, 256, 0.0, 100.0, order="ratio", service=lambda n: n / 1000.0)
+    big, small = req(1000), req(100)
+    pool.add(big, 0.0)
+    pool.add(small, 0.5)
+    assert pool.ordered(0.5)[0] is big       # ratios: big (0.5+1)/1 = 1.5, small 1.0
+    assert pool.ordered(0.6)[0] is small     # 1.6 vs 2.0
+    late = req(100)
+    pool.add(late, 0.95)
+    assert pool.ordered(0.95)[:2] == [small, big]  # 5.5, 1.95 > late's 1.0

@@ -1,10 +1,12 @@
 """One trace, every mode, one process: the measurement behind `scripts/compare_modes.py`.
 
 Steps: build the engine(s) and warm every bucket; take the latency model from a profile (or
-profile now); measure mixed's capacity by replaying the first requests all at once; scale
-arrivals so mixed runs at `load` of that capacity; replay the trace in each mode on the same
+profile now); measure mixed's capacity by replaying the first requests all at once ("serving":
+requests/s with their decode interleaved as when serving; "prefill": one output token each);
+scale arrivals so mixed runs at `load` of that capacity; replay the trace in each mode on the same
 engines (prefix cache cleared, counters reset between modes); write comparison.json, a markdown
-table and TTFT plots. A request's TTFT SLO is `slo_scale` x the latency model's isolated prefill
+table and TTFT plots. With `simulate` the same dispatcher runs on `SimExecutor`s in virtual time
+with the profile's latency model (no engine, no noise from a shared CPU). A request's TTFT SLO is `slo_scale` x the latency model's isolated prefill
 latency of its new tokens in the default bucket grid (the same SLO in every mode and ablation).
 """
 
@@ -17,16 +19,17 @@ import os
 import time
 from typing import Callable
 
-from laps_jax.config import EngineConfig
+from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.executables import BucketGrid, enable_persistent_cache
 from laps_jax.engine.runner import RunnerStats
 from laps_jax.scheduler import report
-from laps_jax.scheduler.clock import RealClock
+from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.profiling import kv_block_of, plan_shapes, profile
+from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.scheduler.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
 from laps_jax.scheduler.window import WindowConfig
@@ -49,14 +52,18 @@ class CompareOptions:
     slo_scale: float = 5.0
     threshold: int | None = None       # None: the latency model's crossover
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
+    cross_pool: str = "short-first"
+    order: str = "ratio"
     buckets: bool = True               # False: one prefill executable (1 x max_chunk)
     time_scale: float | None = None    # None: from the measured capacity and `load`
     profile: str | None = None
     capacity_requests: int = 24
     max_output: int | None = None      # cap on output tokens per request (decode is costly here)
+    capacity_mode: str = "serving"     # "serving": prefill + interleaved decode; "prefill": 1 token
     dtype: str = "float32"
     seed: int = 0
     compile_cache: str | None = None
+    simulate: bool = False  # SimExecutors on virtual time with the profile's latency model
 
 
 def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
@@ -104,16 +111,48 @@ def _workload(o: CompareOptions, vocab: int, max_len: int):
     return reqs
 
 
-def _subset(work, n: int):
-    if isinstance(work, SessionTrace):
-        picked, count = [], 0
-        for s in work.sessions:
-            if count >= n:
-                break
-            picked.append(s)
-            count += len(s.turns)
-        return dataclasses.replace(work, sessions=picked)
-    return work[:n]
+def _capacity_work(work, n: int) -> list[OpenRequest]:
+    """The first n requests as one burst. A session turn counts as its new input only: its
+    history is cached when served, and a closed-loop burst would measure concurrency instead."""
+    if not isinstance(work, SessionTrace):
+        return work[:n]
+    turns = sorted(((s.arrival_s + k, s, k) for s in work.sessions for k in range(len(s.turns))),
+                   key=lambda x: x[0])[:n]
+    return [OpenRequest(f"{s.session_id}/{k}", 0.0, s.new_input_ids(k, work.token_space),
+                        max(1, s.turns[k].output_tokens), s.turns[k].new_input_tokens)
+            for _, s, k in turns]
+
+
+class CpuMeter:
+    """Share of the machine's CPU that other processes used while a mode ran (the CPU is
+    shared: a busy neighbour slows one mode and not another, so the run records it)."""
+
+    def __enter__(self):
+        self.t, self.busy, self.ours = time.perf_counter(), _busy_jiffies(), _our_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t
+        busy = (_busy_jiffies() - self.busy) / os.sysconf("SC_CLK_TCK")
+        self.others = max(0.0, busy - (_our_seconds() - self.ours)) / (wall * os.cpu_count())
+
+
+def _busy_jiffies() -> float:
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4]  # all but idle and iowait
+    except OSError:
+        return 0.0
+
+
+def _our_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _one_token(work: list[OpenRequest]) -> list[OpenRequest]:
+    return [dataclasses.replace(r, max_tokens=1) for r in work]
 
 
 def _reset(engines) -> None:
@@ -123,58 +162,94 @@ def _reset(engines) -> None:
 
 
 async def _run(mode: str, engine, long_engine, model, cfg: SchedulerConfig, work,
-               time_scale: float, slo_fn, max_len: int):
-    clock = RealClock()
+               time_scale: float, slo_fn, max_len: int, clock=None):
+    clock = clock or RealClock()
     d = Dispatcher(engine, mode, cfg, long_engine=long_engine if mode == "laps-spatial" else None,
                    clock=clock, latency_model=model)
     await d.start()
+    t0 = clock.now()
     if isinstance(work, SessionTrace):
         stats = await replay_sessions(d, work, time_scale, slo_fn, clock, max_len)
     else:
         stats = await replay_open(d, work, time_scale, slo_fn, clock)
     await d.stop(drain=True)
-    return stats, d.metrics()
+    return stats, d.metrics(), clock.now() - t0
+
+
+def _executor(o: CompareOptions, sim: bool, engines, model):
+    """run(mode, work, time_scale) on the real engines, or on simulated ones in virtual time."""
+    engine, long_engine = engines
+
+    def real(mode, work, ts, cfg, slo_fn, max_len):
+        _reset([e for e in engines if e is not None])
+        return asyncio.run(_run(mode, engine, long_engine, model, cfg, work, ts, slo_fn,
+                                max_len))
+
+    def simulated(mode, work, ts, cfg, slo_fn, max_len):
+        e = o.ecfg
+        grid = BucketGrid.default(e.max_chunk, e.max_prefill_batch, e.max_decode_batch,
+                                  e.min_chunk if o.buckets else e.max_chunk, e.max_batch_tokens)
+        clock = SimClock()
+        make = lambda name: SimExecutor(SimEngine(grid, e.num_pages, e.page_size,
+                                                  e.max_model_len, model.cfg.vocab_size,
+                                                  e.enable_prefix_cache), model, clock, name)
+        return run_simulated(_run(mode, make("short"), make("long"), model, cfg, work, ts,
+                                  slo_fn, max_len, clock))
+    return simulated if sim else real
 
 
 def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dict:
     os.makedirs(o.output_dir, exist_ok=True)
-    engine, long_engine, loaded = _engines(o, log)
-    engines = [e for e in (engine, long_engine) if e is not None]
-    model = _latency_model(o, engine, log)
-    max_len = engine.ecfg.max_model_len
+    if o.simulate:
+        if not o.profile:
+            raise ValueError("--simulate needs --profile (the latency model to simulate with)")
+        model_cfg, _ = resolve_model(o.model)
+        engine = long_engine = None
+        model = LatencyModel.load(o.profile, model_cfg)
+        max_len = min(o.ecfg.max_model_len, model_cfg.max_position_embeddings)
+        vocab = model_cfg.vocab_size
+    else:
+        engine, long_engine, loaded = _engines(o, log)
+        model = _latency_model(o, engine, log)
+        max_len, vocab = engine.ecfg.max_model_len, loaded.cfg.vocab_size
+    execute = _executor(o, o.simulate, (engine, long_engine), model)
     ref_grid = BucketGrid.default(o.ecfg.max_chunk, o.ecfg.max_prefill_batch,
                                   o.ecfg.max_decode_batch, o.ecfg.min_chunk,
                                   o.ecfg.max_batch_tokens)
     slo_fn = lambda new, cached: o.slo_scale * model.predict_prefill(max(new, 1), cached, ref_grid)
-    work = _workload(o, loaded.cfg.vocab_size, max_len)
+    work = _workload(o, vocab, max_len)
     n_req = work.num_requests if isinstance(work, SessionTrace) else len(work)
-    cfg = SchedulerConfig(threshold=o.threshold, window=o.window)
+    cfg = SchedulerConfig(threshold=o.threshold, window=o.window, cross_pool=o.cross_pool,
+                          order=o.order)
 
     capacity = None
     time_scale = o.time_scale
     if time_scale is None:
-        _reset(engines)
-        sub = _subset(work, o.capacity_requests)
-        t0 = time.perf_counter()
-        stats, _ = asyncio.run(_run("mixed", engine, None, model, cfg, sub, 0.0, slo_fn, max_len))
-        capacity = len(stats) / (time.perf_counter() - t0)
+        sub = _capacity_work(work, o.capacity_requests)
+        if o.capacity_mode == "prefill":
+            sub = _one_token(sub)
+        stats, _, seconds = execute("mixed", sub, 0.0, cfg, slo_fn, max_len)
+        capacity = len(stats) / seconds
         arrivals = (session_arrivals(work) if isinstance(work, SessionTrace)
                     else [r.arrival_s for r in work])
         time_scale = natural_rate(arrivals) / (o.load * capacity)
-        log(f"mixed capacity {capacity:.2f} requests/s ({len(stats)} at once); trace rate "
+        log(f"mixed {o.capacity_mode} capacity {capacity:.2f} requests/s ({len(stats)} at once); trace rate "
             f"{natural_rate(arrivals):.2f}/s -> time scale {time_scale:.3f}")
 
     results, per_mode, metrics = {}, {}, {}
     for mode in o.modes:
-        _reset(engines)
         t0 = time.perf_counter()
-        stats, m = asyncio.run(_run(mode, engine, long_engine, model, cfg, work, time_scale,
-                                    slo_fn, max_len))
+        with CpuMeter() as cpu:
+            stats, m, _ = execute(mode, work, time_scale, cfg, slo_fn, max_len)
         per_mode[mode], metrics[mode] = stats, m.to_dict()
         results[mode] = report.summarize(stats)
         results[mode]["wall_s"] = time.perf_counter() - t0
-        log(f"{mode}: {len(stats)} requests in {results[mode]['wall_s']:.0f} s, TTFT p50 "
-            f"{results[mode]['ttft_ms_p50']} ms p90 {results[mode]['ttft_ms_p90']} ms")
+        r = results[mode]
+        r["others_cpu_share"] = None if o.simulate else cpu.others
+        busy = "" if o.simulate else (f"; other processes used {100 * cpu.others:.0f}% of "
+                                      "the CPU meanwhile")
+        log(f"{mode}: {len(stats)} requests in {r['wall_s']:.0f} s, TTFT p50 "
+            f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
 
     ratios = {}
     if "mixed" in results:
@@ -192,11 +267,13 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "requests": n_req, "load": o.load, "length_scale": o.length_scale,
         "max_output": o.max_output,
         "slo_scale": o.slo_scale, "time_scale": time_scale,
-        "mixed_capacity_rps": capacity, "threshold": o.threshold or "auto",
-        "threshold_at_0_cached": min(model.threshold(0), engine.grid.max_chunk)
+        "mixed_capacity_rps": capacity, "capacity_mode": o.capacity_mode, "threshold": o.threshold or "auto",
+        "threshold_at_0_cached": min(model.threshold(0), o.ecfg.max_chunk)
         if o.threshold is None else o.threshold,
         "window": dataclasses.asdict(o.window), "buckets": o.buckets,
-        "engine": dataclasses.asdict(engine.ecfg), "latency_model": model.to_dict(),
+        "cross_pool": o.cross_pool, "order": o.order,
+        "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),
+        "latency_model": model.to_dict(), "simulated": o.simulate,
     }
     out["metrics"] = metrics
     with open(os.path.join(o.output_dir, "comparison.json"), "w") as f:

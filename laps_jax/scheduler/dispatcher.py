@@ -11,8 +11,10 @@
     await dispatcher.stop(drain=True)
 
 Modes: "mixed" (FCFS baseline: one prefill queue, token budget, chunked prefill, same
-executables and prefix cache), "laps" (temporal: short pool with its waiting window first, long
-chunks between, starvation bound; one device group), "laps-spatial" (two device groups running
+executables and prefix cache), "laps" (temporal, one device group: the short pool behind its
+waiting window first unless a long request has aged past it, long chunks between, a starvation
+bound on the long pool; work in each pool ordered by remaining tokens with aging; see policy.py),
+"laps-spatial" (two device groups running
 concurrently: `engine` serves the short pool, `long_engine` the long pool; each group decodes
 the requests it prefilled, so no KV moves between groups. A request goes to the group whose
 prefix cache holds more of its prompt when its new tokens are short, else to the long group).

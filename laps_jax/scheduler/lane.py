@@ -39,6 +39,7 @@ class Lane:
         self.stopping = False
         self._last = ""
         self.decode_gap_s = decode_gap_s
+        self._background: set[asyncio.Future] = set()  # releases in flight (keep them alive)
         self._last_decode = 0.0
         self.max_decode = executor.grid.decode_batches[-1]
 
@@ -58,7 +59,9 @@ class Lane:
         if r in self.decoding:
             self.decoding.remove(r)
         if r not in self.inflight and r.seq.pages is not None:
-            asyncio.ensure_future(self.executor.release([r.seq], "abort"))
+            task = asyncio.ensure_future(self.executor.release([r.seq], "abort"))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         self._finish(r, "abort")
         self.wake.set()
 
@@ -125,8 +128,7 @@ class Lane:
 
     async def _prefill(self, plan: PrefillPlan) -> None:
         self._last = "prefill"
-        if self.planner.window is not None and plan.pool == SHORT:
-            self.planner.window.record(plan.waited)
+        self.planner.dispatched(plan, self.clock.now())
         self.inflight = {r for r, _ in plan.work}
         info = await self.executor.prefill([(r.seq, n) for r, n in plan.work])
         self.counters.record(info, plan.pool)
@@ -158,7 +160,8 @@ class Lane:
         self.counters.record(info)
         now = self.clock.now()
         self.inflight = set()
-        rest = self.decoding[len(batch):]
+        ran = set(batch)
+        rest = [r for r in self.decoding if r not in ran]  # aborts may have removed some
         for r in batch:
             if r.aborted:
                 await self.executor.release([r.seq], "abort")

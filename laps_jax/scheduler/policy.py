@@ -5,10 +5,13 @@ step boundary: what prefill to run now (`PrefillPlan`), or until when to wait (`
 nothing. Decode interleaving is the lane's business, not the planner's. Planners read the time
 only from the `now` they are given, so tests drive them with any clock.
 
-laps order of precedence: a long request postponed past `max_postpone_s` first (no starvation);
-then a short batch that is ready (bucket full, window over, or a deadline close); while a short
-window is open the device waits for it; otherwise a long chunk. Inside each pool work is ordered
-by remaining new tokens minus an aging credit (DESIGN.md, policy notes).
+laps order of precedence: a long step when the long pool has had none for `max_postpone_s`
+(short work can postpone long work only that long: no starvation); then a short batch that is
+ready (bucket full, window over, or a deadline close) -- or, with cross_pool="aging", the long
+pool instead when its best request already scores lower; while a short window is open the device
+waits for it; otherwise a long chunk. Inside each pool work is ordered by remaining work with
+aging (DESIGN.md, policy notes: the order inside the pools matters as much as the split): by
+default highest response ratio first (pools.py), or remaining tokens minus a linear credit.
 """
 
 from __future__ import annotations
@@ -37,8 +40,12 @@ class SchedulerConfig:
     long_budget_tokens: int | None = None  # laps long-pool chunk budget (None: budget_tokens)
     max_postpone_s: float | None = None   # starvation bound of the long pool
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
+    aging_fraction: float = 0.25          # default aging: this share of a full step's tokens/s
     max_padding: float = 0.5              # largest padded share a batch may grow to
     decode_gap_s: float = 0.0             # prefill may hold decode back this long (0: alternate)
+    cross_pool: str = "short-first"       # "short-first": a ready short batch runs first;
+                                          # "aging": it yields to a long request scoring lower
+    order: str = "ratio"                  # in-pool order: "ratio" (response ratio) or "aging"
     fallback_threshold: int = 256         # used when there is no latency model
 
 
@@ -53,19 +60,28 @@ class Derived:
     aging: float
     predict: Callable[[Work, Bucket], float]
     window: WindowConfig
+    cross_pool: str = "short-first"
+    order: str = "aging"
+    service: Callable[[int], float] | None = None
 
 
 def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
+    if cfg.cross_pool not in ("aging", "short-first"):
+        raise ValueError(f"cross_pool must be aging or short-first, got {cfg.cross_pool!r}")
+    if cfg.order not in ("ratio", "aging"):
+        raise ValueError(f"order must be ratio or aging, got {cfg.order!r}")
     budget = cfg.budget_tokens or grid.max_batch_tokens
     long_budget = cfg.long_budget_tokens or budget
     window = dataclasses.replace(cfg.window)
     if model is None:
         fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
         return Derived(lambda c: fixed, budget, long_budget, cfg.max_postpone_s or 1.0,
-                       cfg.aging_tokens_per_s or 2000.0, lambda w, b: 0.0, window)
+                       cfg.aging_tokens_per_s or 2000.0, lambda w, b: 0.0, window,
+                       cfg.cross_pool, cfg.order)
 
     full = model.predict(StepShape.exact((min(long_budget, grid.max_chunk),)))
-    aging = cfg.aging_tokens_per_s or long_budget / full  # one full step's tokens per step time
+    # a request gains `aging_fraction` of a full step's worth of tokens per full step it waits
+    aging = cfg.aging_tokens_per_s or cfg.aging_fraction * long_budget / full
     postpone = cfg.max_postpone_s or 8.0 * full
     if window.max_s is None:  # wait at most half the cheapest step: never worse than 1.5x it
         smallest = grid.prefill_buckets()[0]
@@ -84,7 +100,10 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
         return model.predict(StepShape.bucketed([n for _, n in work],
                                                 [r.seq.num_computed for r, _ in work],
                                                 bucket.batch, bucket.tokens))
-    return Derived(threshold, budget, long_budget, postpone, aging, predict, window)
+    per_token = (full - model.device.step_overhead_s) / min(long_budget, grid.max_chunk)
+    service = lambda n: model.device.step_overhead_s + n * per_token
+    return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
+                   cfg.cross_pool, cfg.order, service)
 
 
 class MixedPlanner:
@@ -103,6 +122,9 @@ class MixedPlanner:
     def plan(self, now: float) -> PrefillPlan | WaitUntil | None:
         return self.queue.plan(now)
 
+    def dispatched(self, plan: PrefillPlan, now: float) -> None:
+        pass
+
     def queue_lengths(self) -> dict[str, int]:
         return {"mixed": len(self.queue)}
 
@@ -112,8 +134,10 @@ class LapsPlanner:
 
     def __init__(self, grid: BucketGrid, d: Derived):
         self.window = WaitingWindow(d.window)
-        self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict)
-        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s)
+        self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict, d.order,
+                               d.service)
+        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service)
+        self.cross_pool = d.cross_pool
 
     def add(self, r: Request, now: float) -> None:
         (self.short if r.stats.pool == SHORT else self.long).add(r, now)
@@ -128,10 +152,22 @@ class LapsPlanner:
             return self.long.plan(now, first=starved)
         s = self.short.plan(now)
         if isinstance(s, PrefillPlan):
+            if self.cross_pool == "aging" and len(self.long):
+                head = self.long.ordered(now)[0]
+                if self.long.score(head, now) < min(self.short.score(r, now) for r, _ in s.work):
+                    return self.long.plan(now)
             return s
         if isinstance(s, WaitUntil):
             return WaitUntil(min(s.t, self.long.starve_time())) if len(self.long) else s
         return self.long.plan(now)
+
+    def dispatched(self, plan: PrefillPlan, now: float) -> None:
+        """The lane runs `plan` now: a long step resets the postponement clock."""
+        if plan.pool == LONG:
+            self.long.dispatched(now, plan.forced)
+        elif plan.pool == SHORT:
+            self.window.record(plan.waited)
+            self.short.dispatched()
 
     def queue_lengths(self) -> dict[str, int]:
         return {SHORT: len(self.short), LONG: len(self.long)}

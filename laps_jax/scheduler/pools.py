@@ -28,7 +28,8 @@ class PrefillPlan:
     work: Work
     pool: str
     bucket: Bucket
-    waited: float = 0.0  # how long the window held this batch
+    waited: float = 0.0  # how long the window held this batch back (device free meanwhile)
+    forced: bool = False  # a long step forced by the starvation bound
 
 
 @dataclasses.dataclass
@@ -86,13 +87,23 @@ def pack(cands: Iterable[Request], grid: BucketGrid, budget: int, chunk: bool,
 
 
 class _Pool:
-    """Requests of one pool, ordered by remaining new tokens minus an aging credit."""
+    """Requests of one pool in priority order (lower score first), by one of two rules:
+
+    - "aging": remaining new tokens minus `aging` tokens per second waited;
+    - "ratio": highest response ratio first, (waited + service) / service with `service` the
+      predicted prefill time of the remaining tokens: short work first, and aging in proportion
+      to each request's own size, so no constant sets the balance and a deep queue does not
+      turn the order into FCFS. (A TTFT SLO that is a multiple of the isolated prefill time is
+      a response-ratio bound: this serves first whoever is closest to its SLO.)
+    """
 
     name = ""
 
-    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float):
+    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
+                 order: str = "aging", service: Callable[[int], float] | None = None):
         self.grid, self.budget = grid, budget
-        self.aging = aging_tokens_per_s
+        self.aging, self.order = aging_tokens_per_s, order
+        self.service = service or (lambda n: 0.01 + n / 2000.0)
         self.reqs: list[Request] = []
 
     def __len__(self) -> int:
@@ -106,9 +117,15 @@ class _Pool:
         if r in self.reqs:
             self.reqs.remove(r)
 
+    def score(self, r: Request, now: float) -> float:
+        wait = now - r.enqueued
+        if self.order == "ratio":
+            s = self.service(r.remaining)
+            return -(wait + s) / s
+        return r.remaining - self.aging * wait
+
     def ordered(self, now: float) -> list[Request]:
-        return sorted(self.reqs, key=lambda r: (r.remaining - self.aging * (now - r.enqueued),
-                                                r.enqueued))
+        return sorted(self.reqs, key=lambda r: (self.score(r, now), r.enqueued))
 
 
 class FCFSQueue(_Pool):
@@ -128,9 +145,11 @@ class ShortPool(_Pool):
     name = SHORT
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
-                 window: WaitingWindow, predict: Callable[[Work, Bucket], float]):
-        super().__init__(grid, budget, aging_tokens_per_s)
+                 window: WaitingWindow, predict: Callable[[Work, Bucket], float],
+                 order: str = "aging", service: Callable[[int], float] | None = None):
+        super().__init__(grid, budget, aging_tokens_per_s, order, service)
         self.window, self.predict = window, predict
+        self.hold_since: float | None = None  # the window first said "wait" for this batch
 
     def add(self, r: Request, now: float) -> None:
         super().add(r, now)
@@ -155,27 +174,47 @@ class ShortPool(_Pool):
             tightest = min(r.deadline for r, _ in work) - self.predict(work, bucket)
             t = self.window.dispatch_at(now, oldest, len(work), n_max, tightest)
             if t > now:
+                if self.hold_since is None:
+                    self.hold_since = now
                 return WaitUntil(t)
-        return PrefillPlan(work, self.name, bucket, waited=max(0.0, now - oldest))
+        held = now - self.hold_since if self.hold_since is not None else 0.0
+        return PrefillPlan(work, self.name, bucket, waited=held)
+
+    def dispatched(self) -> None:
+        self.hold_since = None
 
 
 class LongPool(_Pool):
+    """Long requests; the pool as a whole may be postponed (in favour of short work) at most
+    `max_postpone_s` since its last step, and a forced step serves its longest-waiting member."""
+
     name = LONG
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
-                 max_postpone_s: float):
-        super().__init__(grid, budget, aging_tokens_per_s)
+                 max_postpone_s: float, order: str = "aging",
+                 service: Callable[[int], float] | None = None):
+        super().__init__(grid, budget, aging_tokens_per_s, order, service)
         self.max_postpone_s = max_postpone_s
+        self.last_step: float | None = None  # when the pool last got a step
+        self.forced_steps = 0
 
-    def starved(self, now: float) -> Request | None:
-        """The longest-unserved request, if it has waited past the starvation bound."""
+    def add(self, r: Request, now: float) -> None:
         if not self.reqs:
-            return None
-        r = min(self.reqs, key=lambda r: r.last_served)
-        return r if now - r.last_served >= self.max_postpone_s else None
+            self.last_step = now  # the postponement clock starts when work arrives
+        super().add(r, now)
 
     def starve_time(self) -> float:
-        return min(r.last_served for r in self.reqs) + self.max_postpone_s
+        return (self.last_step or 0.0) + self.max_postpone_s
+
+    def starved(self, now: float) -> Request | None:
+        """The longest-unserved member, if the pool has been postponed past the bound."""
+        if not self.reqs or now < self.starve_time():
+            return None
+        return min(self.reqs, key=lambda r: r.last_served)
+
+    def dispatched(self, now: float, forced: bool) -> None:
+        self.last_step = now
+        self.forced_steps += forced
 
     def plan(self, now: float, first: Request | None = None) -> PrefillPlan | None:
         if not self.reqs:
@@ -185,4 +224,7 @@ class LongPool(_Pool):
             order.remove(first)
             order.insert(0, first)
         work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=False)
-        return PrefillPlan(work, self.name, bucket) if work else None
+        plan = PrefillPlan(work, self.name, bucket) if work else None
+        if plan is not None:
+            plan.forced = first is not None
+        return plan
