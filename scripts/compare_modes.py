@@ -80,13 +80,54 @@ def parse(argv):
                    help="no engine: run the same dispatcher on simulated executors in virtual "
                         "time, each step taking the --profile latency model's prediction "
                         "(laps-spatial then gets two such devices)")
+    s.add_argument("--http", action="store_true",
+                   help="replay over HTTP against a real scripts/serve.py per mode instead of the "
+                        "in-process engine (TTFT SLO: --http-slo-ms)")
+    s.add_argument("--http-slo-ms", type=float, default=1000.0,
+                   help="with --http: the TTFT target counted as an SLO violation (ms)")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
     return ap.parse_args(argv)
 
 
+def main_http(args) -> int:
+    """--http: one real server per mode, the trace replayed over loopback."""
+    import json
+    from laps_jax.workload.http_compare import HttpCompareOptions, run_http_comparison
+    from laps_jax.workload.http_replay import load_workload
+    from laps_jax.workload.records import TraceOptions
+    e = engine_config_from_args(args)
+    serve_args = ["--model", args.model, "--max-model-len", str(e.max_model_len),
+                  "--kv-cache-tokens", str(e.kv_cache_tokens), "--page-size", str(e.page_size),
+                  "--max-chunk", str(e.max_chunk), "--max-prefill-batch",
+                  str(e.max_prefill_batch), "--max-decode-batch", str(e.max_decode_batch)]
+    if args.threshold != "auto":
+        serve_args += ["--threshold", str(args.threshold)]
+    if args.profile:
+        serve_args += ["--latency-profile", args.profile]
+    from laps_jax.cli import builtin_model_dir
+    from laps_jax.config import resolve_model
+    spec = builtin_model_dir() if args.model == "builtin" else args.model
+    vocab = resolve_model(spec)[0].vocab_size
+    work = load_workload(args.trace, args.trace_format, TraceOptions(
+        max_requests=args.max_requests, length_scale=args.length_scale,
+        time_scale=args.time_scale or 1.0, vocab_size=vocab, max_len=e.max_model_len - 1,
+        seed=args.seed))
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    out = run_http_comparison(work, HttpCompareOptions(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py"), serve_args, modes,
+        args.http_slo_ms), lambda m: print(m, file=sys.stderr, flush=True))
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "comparison.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.http:
+        return main_http(args)
     from laps_jax.scheduler.compare import CompareOptions, run_comparison
     from laps_jax.scheduler.window import WindowConfig
     threshold = None if args.threshold == "auto" else int(args.threshold)

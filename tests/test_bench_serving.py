@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_utils import ServerProcess
+from server_utils import ROOT, ServerProcess
 
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
 from laps_jax.workload.http_client import ReplayConfig, RequestRecord
@@ -152,3 +152,25 @@ def test_cli_end_to_end(server, tmp_path):
                              check=False, capture_output=True, text=True, env=env, timeout=60)
     assert failing.returncode == 1, failing.stderr
     assert json.loads((tmp_path / "f.json").read_text())["summary"]["failed"] == 2
+
+
+def test_compare_modes_over_http(checkpoint, tmp_path):
+    """compare_modes.py --http: a real server per mode, the Azure trace replayed over loopback."""
+    import subprocess
+    out = tmp_path / "cmp"
+    trace = next(p for p in (os.path.join(ROOT, "..", "shared", "traces"), "/work/shared/traces")
+                 if os.path.isdir(p))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "compare_modes.py"), "--http",
+         "--model", checkpoint("gqa2_untied"), "--trace",
+         os.path.join(trace, "azure_llm_2023_conv.csv"), "--trace-format", "azure",
+         "--max-requests", "6", "--length-scale", "0.05", "--time-scale", "0.005",
+         "--max-chunk", "64", "--max-prefill-batch", "4", "--max-decode-batch", "8",
+         "--max-model-len", "512", "--kv-cache-tokens", "8192", "--page-size", "8",
+         "--output-dir", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "comparison.json").read_text())
+    for mode in ("mixed", "laps", "laps-spatial"):
+        assert res[mode]["completed"] == 6 and res[mode]["failed"] == 0
+        assert 0 < res[mode]["ttft_ms_p50"] <= res[mode]["ttft_ms_p90"]
+    assert res["ratio"]["completed"] == 1.0

@@ -89,8 +89,17 @@ class BucketGrid:
                    pow2_range(1, max_decode_batch), max_batch_tokens or max_chunk)
 
     def prefill_buckets(self, prompt_logprobs: bool = False) -> list[Bucket]:
-        return [Bucket(b, t, prompt_logprobs) for b in self.prefill_batches
-                for t in self.prefill_tokens if b == 1 or b * t <= self.max_batch_tokens]
+        return list(self._prefill_buckets(prompt_logprobs))
+
+    def _prefill_buckets(self, prompt_logprobs: bool) -> tuple[Bucket, ...]:
+        key = (prompt_logprobs, tuple(self.prefill_batches), tuple(self.prefill_tokens),
+               self.max_batch_tokens)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:  # the scheduler asks on every plan: build the list once
+            cache[key] = tuple(Bucket(b, t, prompt_logprobs) for b in self.prefill_batches
+                               for t in self.prefill_tokens
+                               if b == 1 or b * t <= self.max_batch_tokens)
+        return cache[key]
 
     def decode_buckets(self) -> list[Bucket]:
         return [Bucket(b, 1) for b in self.decode_batches]
@@ -102,7 +111,7 @@ class BucketGrid:
     def fit_prefill(self, n_seqs: int, max_new: int, prompt_logprobs: bool = False) -> Bucket | None:
         """Smallest bucket (fewest padded tokens) holding n_seqs sequences of <= max_new tokens."""
         best = None
-        for b in self.prefill_buckets(prompt_logprobs):
+        for b in self._prefill_buckets(prompt_logprobs):
             if b.batch >= n_seqs and b.tokens >= max_new:
                 if best is None or (b.batch * b.tokens, b.tokens) < (best.batch * best.tokens,
                                                                      best.tokens):

@@ -14,6 +14,8 @@ import dataclasses
 import hashlib
 from typing import Sequence
 
+import numpy as np
+
 
 class OutOfPages(RuntimeError):
     """Not enough free or evictable KV pages; the caller decides (queue, refuse, preempt)."""
@@ -21,7 +23,7 @@ class OutOfPages(RuntimeError):
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens))
+    h.update(np.asarray(tokens, dtype="<i4").tobytes())
     return h.digest()
 
 

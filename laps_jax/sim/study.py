@@ -1,0 +1,147 @@
+"""The subcommands of `scripts/simulate.py`: one run, a sweep (study), validation, plots.
+
+Each writes a results JSON that carries everything needed to trust or redo it: the latency
+model and its sources, the instance spec, the workload summaries, the exact command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from laps_jax.scheduler.router import RouterConfig
+from laps_jax.sim import cli, plots, sweep, tables
+from laps_jax.sim.driver import simulate
+from laps_jax.sim.summary import summarize
+from laps_jax.sim.validate import ValidationOptions, markdown, repeatability, validate
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _meta(args, src, inst) -> dict:
+    return {"command": " ".join(["python", "scripts/simulate.py"] + sys.argv[1:]),
+            "model_source": src.describe(), "instance": dataclasses.asdict(inst),
+            "args": {k: v for k, v in vars(args).items() if k != "func"}}
+
+
+def cmd_run(args) -> int:
+    src = cli.model_source(args)
+    inst = cli.instance_spec(args, src, args.mode)
+    spec = cli.run_spec(args, inst)
+    spec.instances, spec.concurrency = args.instances, args.concurrency
+    spec.router = RouterConfig(policy=args.policy) if args.instances > 1 else None
+    source = cli.workload_sources(args, src)[args.workload]
+    per = args.requests or (source.routed_requests if args.instances > 1 else source.requests)
+    w = source.get(per * args.instances)
+    if args.concurrency is None:
+        spec.rate = (args.rate if args.rate is not None else sweep.rate_for_load(
+            args.load, w, src, args.instances * inst.devices))
+    result = simulate(spec, src, w)
+    out = {"meta": _meta(args, src, inst), "workload": w.summary(),
+           "summary": summarize(result, spec, src), "router": result.router}
+    text = json.dumps(out, indent=1, default=str)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    print(text)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    src = cli.model_source(args)
+    inst = cli.instance_spec(args, src)
+    base = cli.run_spec(args, inst)
+    sources = cli.workload_sources(args, src)
+    points = []
+    if args.loads:
+        points += sweep.single_instance(args.workloads, args.modes, args.loads)
+    if args.instances and args.router_loads:
+        points += sweep.routed(args.workloads, args.instances, args.policies,
+                               args.router_modes, args.router_loads)
+    if args.concurrency:
+        open_loop = [w for w in args.workloads if w in ("azure", "mooncake")]
+        points += sweep.concurrency(open_loop, args.modes, args.concurrency,
+                                    args.concurrency_requests)
+    _log(f"{len(points)} simulations; model: {src.describe()['latency_model']['device']}")
+    os.makedirs(args.output_dir, exist_ok=True)
+    rows = sweep.run_points(points, src, inst, sources, base, progress=not args.no_progress,
+                            checkpoint=os.path.join(args.output_dir, "points.jsonl"))
+    meta = _meta(args, src, inst)
+    sweep.save(os.path.join(args.output_dir, "results.json"), meta, rows)
+    write_report(rows, meta, args.output_dir, args.figures_dir)
+    return 0
+
+
+def write_report(rows: list[dict], meta: dict, out_dir: str, fig_dir: str | None) -> None:
+    """tables.md (all tables + claims) and the figures."""
+    names = sorted({r["workload"] for r in rows})
+    parts = [f"command: `{meta['command']}`\n"]
+    for w in names:
+        if any(r["workload"] == w and r["instances"] == 1 and r.get("load") for r in rows):
+            parts.append(f"\n### {w}: one instance\n\n" + tables.load_table(rows, w))
+        if any(r["workload"] == w and r["instances"] > 1 for r in rows):
+            parts.append(f"\n### {w}: routed instances\n\n" + tables.router_table(rows, w))
+    if any(r.get("concurrency") for r in rows):
+        parts.append("\n### fixed concurrency\n\n" + tables.concurrency_table(rows))
+    parts.append("\n### claims\n\n" + tables.claims_table(tables.claims(rows)))
+    with open(os.path.join(out_dir, "tables.md"), "w") as f:
+        f.write("".join(parts))
+    fig_dir = fig_dir or out_dir
+    os.makedirs(fig_dir, exist_ok=True)
+    title = f"{meta['model_source']['model']} on {meta['model_source'].get('hardware', {}).get('name', 'profile')} (simulated)"
+    if any(r["instances"] == 1 and r.get("load") for r in rows):
+        plots.load_sweep(rows, os.path.join(fig_dir, "sim_load_sweep.png"), title)
+    multi = [r for r in rows if r["instances"] > 1]
+    for load in sorted({r["load"] for r in multi}):
+        plots.router(rows, os.path.join(fig_dir, f"sim_router_load{load:.2f}.png"), load, title)
+    if any(r.get("concurrency") for r in rows):
+        plots.concurrency(rows, os.path.join(fig_dir, "sim_concurrency.png"), title)
+
+
+def cmd_validate(args) -> int:
+    vo = ValidationOptions(args.run_dir, args.profile_override, args.spatial_overlap,
+                           args.host_overhead_ms * 1e-3, args.calibrate, args.fit_overlap,
+                           args.tolerance)
+    result = validate(vo)
+    table = markdown(result)
+    if args.repeat:
+        rep = repeatability(args.run_dir, args.repeat, args.tolerance)
+        result["repeatability"] = rep
+        table += ("\nSame settings run twice on this machine (noise floor):\n\n"
+                  + markdown(rep, ("run 1", "run 2")))
+    print(table)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.splitext(args.output)[0] + ".md", "w") as f:
+            f.write(table)
+    if args.figure:
+        plots.validation(result, args.figure)
+    return 0 if result["within_tolerance"] else 1
+
+
+def cmd_plot(args) -> int:
+    """Tables and figures from one or more results.json (rows merged; later files win on the
+    same point), written to --output-dir (default: beside the first file)."""
+    merged: dict[tuple, dict] = {}
+    metas = []
+    for path in args.results:
+        with open(path) as f:
+            d = json.load(f)
+        metas.append(d["meta"])
+        for r in d["points"]:
+            key = tuple(r.get(k) for k in ("workload", "mode", "instances", "policy", "load",
+                                           "concurrency"))
+            merged[key] = r
+    rows = list(merged.values())
+    out = args.output_dir or os.path.dirname(os.path.abspath(args.results[0]))
+    os.makedirs(out, exist_ok=True)
+    meta = dict(metas[0], command=" + ".join(m["command"] for m in metas))
+    if len(args.results) > 1:
+        sweep.save(os.path.join(out, "results.json"), meta, rows)
+    write_report(rows, meta, out, args.figures_dir)
+    return 0

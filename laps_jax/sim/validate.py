@@ -1,0 +1,228 @@
+"""Validation: does the simulator predict a real `compare_modes` run on this machine?
+
+Takes a compare_modes output directory, rebuilds the exact workload it replayed (same reader,
+options and time scale, via `scheduler.compare`), and replays it through the *same* replay code
+(`scheduler.replay`) against simulated instances whose steps last what the run's own latency
+model (its CPU profile) predicts. laps-spatial's two lanes share this machine's cores in the real
+run, so in the simulation they share one device (processor sharing). Then it puts real and
+simulated TTFT p50/p90, overall and per pool, side by side with the relative error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from laps_jax.config import PRESETS, EngineConfig
+from laps_jax.engine.executables import BucketGrid
+from laps_jax.scheduler import compare
+from laps_jax.scheduler.clock import SimClock, run_simulated
+from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
+from laps_jax.scheduler.policy import SchedulerConfig
+from laps_jax.scheduler.replay import replay_open, replay_sessions
+from laps_jax.scheduler.window import WindowConfig
+from laps_jax.sim.executor import FastGrid
+from laps_jax.sim.hardware import from_profile
+from laps_jax.sim.instance import InstanceSpec, build_dispatcher
+from laps_jax.workload.sessions import SessionTrace
+
+POOLS = ("all", "short", "long")
+
+
+@dataclasses.dataclass
+class ValidationOptions:
+    run_dir: str
+    profile: str | None = None        # None: the latency model recorded in the run
+    spatial_overlap: float = 0.0      # laps-spatial lanes on the shared CPU
+    host_overhead_s: float = 0.0      # per-step cost outside the executables
+    calibrate: bool = False           # scale step times to the run's own measured step time
+    fit_overlap: bool = False         # laps-spatial: laps' speed factor + fitted lane overlap
+    tolerance: float = 0.20
+    min_samples: int = 5              # pools with fewer requests are shown, not judged
+
+
+def _percentiles(ttfts: list[float]) -> dict:
+    if not ttfts:
+        return {"n": 0, "p50": None, "p90": None}
+    return {"n": len(ttfts), "p50": 1e3 * float(np.percentile(ttfts, 50)),
+            "p90": 1e3 * float(np.percentile(ttfts, 90))}
+
+
+def by_pool(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("ttft") is not None and r.get("finish_reason") in
+          ("length", "stop")]
+    return {p: _percentiles([r["ttft"] for r in ok if p == "all" or r["pool"] == p])
+            for p in POOLS}
+
+
+def _options(run: dict) -> compare.CompareOptions:
+    ecfg = EngineConfig(**run["engine"])
+    th = run.get("threshold", "auto")
+    return compare.CompareOptions(
+        model=run["model"], trace=run["trace"], trace_format=run["trace_format"],
+        output_dir="", ecfg=ecfg, max_requests=run["requests"],
+        length_scale=run["length_scale"], slo_scale=run["slo_scale"],
+        threshold=None if th in (None, "auto") else int(th),
+        window=WindowConfig(**run["window"]), time_scale=run["time_scale"],
+        max_output=run.get("max_output"), seed=run.get("seed", 0))
+
+
+def scaled(model: LatencyModel, f: float) -> LatencyModel:
+    """The same model on a device f times slower (every predicted step x f)."""
+    d = model.device
+    dev = DeviceSpec(f"{d.name}x{f:.3f}", d.peak_flops / f, d.mem_bandwidth / f,
+                     d.step_overhead_s * f, d.attn_rate / f, d.kv_rate / f)
+    return dataclasses.replace(model, device=dev)
+
+
+def step_seconds(lanes: list[dict]) -> float:
+    return sum(l["counters"]["prefill_seconds"] + l["counters"]["decode_seconds"] for l in lanes)
+
+
+def simulate_mode(mode: str, run: dict, model: LatencyModel,
+                  vo: ValidationOptions) -> tuple[list, list[dict]]:
+    """One mode of the recorded run, replayed on simulated instances: its RequestStats and
+    the lanes' metrics."""
+    o = _options(run)
+    cfg = PRESETS[run["model"]]
+    ecfg = o.ecfg
+    max_len = min(ecfg.max_model_len, cfg.max_position_embeddings)
+    grid = FastGrid.of(BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
+                                          ecfg.max_decode_batch, ecfg.min_chunk,
+                                          ecfg.max_batch_tokens))
+    ref = ecfg if run.get("buckets", True) else dataclasses.replace(ecfg, min_chunk=16,
+                                                                    max_prefill_batch=8)
+    ref_grid = BucketGrid.default(ref.max_chunk, ref.max_prefill_batch, ref.max_decode_batch,
+                                  ref.min_chunk, ref.max_batch_tokens)
+    slo_model = LatencyModel.from_dict(run["latency_model"], cfg)
+    slo_fn = lambda new, cached: o.slo_scale * slo_model.predict_prefill(max(new, 1), cached,
+                                                                         ref_grid)
+    work = compare._workload(o, cfg.vocab_size, max_len)
+    spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
+                        page_size=ecfg.page_size, max_model_len=max_len,
+                        scheduler=SchedulerConfig(threshold=o.threshold, window=o.window),
+                        spatial_devices=1, spatial_overlap=vo.spatial_overlap,
+                        host_overhead_s=vo.host_overhead_s,
+                        prefix_cache=ecfg.enable_prefix_cache)
+
+    async def main():
+        clock = SimClock()
+        d = build_dispatcher(spec, cfg, model, clock, mode, grid)
+        await d.start()
+        if isinstance(work, SessionTrace):
+            stats = await replay_sessions(d, work, o.time_scale, slo_fn, clock, max_len)
+        else:
+            stats = await replay_open(d, work, o.time_scale, slo_fn, clock)
+        await d.stop(drain=True)
+        return stats, [dataclasses.asdict(l) for l in d.metrics().lanes]
+    return run_simulated(main())
+
+
+def real_requests(run_dir: str) -> dict[str, list[dict]]:
+    real: dict[str, list[dict]] = {}
+    with open(os.path.join(run_dir, "requests.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            real.setdefault(r["mode"], []).append(r)
+    return real
+
+
+def _row(mode: str, pool: str, a: dict, b: dict) -> dict:
+    row = {"mode": mode, "pool": pool, "n_real": a["n"], "n_sim": b["n"]}
+    for q in ("p50", "p90"):
+        x, y = a[q], b[q]
+        row.update({f"real_{q}_ms": x, f"sim_{q}_ms": y,
+                    f"err_{q}": (y - x) / x if x and y is not None else None})
+    return row
+
+
+def _errors(rows: list[dict], min_samples: int) -> list[float]:
+    return [abs(r[f"err_{q}"]) for r in rows for q in ("p50", "p90")
+            if r[f"err_{q}"] is not None and r["n_real"] >= min_samples]
+
+
+def _summary(rows: list[dict], min_samples: int, tolerance: float) -> dict:
+    errs = _errors(rows, min_samples)
+    return {"worst_abs_error": max(errs, default=0.0),
+            "median_abs_error": float(np.median(errs)) if errs else 0.0,
+            "cells_within_tolerance": sum(e <= tolerance for e in errs), "cells": len(errs),
+            "within_tolerance": max(errs, default=0.0) <= tolerance}
+
+
+def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: int = 5) -> dict:
+    """Two real runs of the same settings side by side (b in the 'sim' columns): the noise
+    floor any prediction of one real run is up against on this machine."""
+    a, b = real_requests(dir_a), real_requests(dir_b)
+    rows = [_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p]) for m in a if m in b for p in POOLS]
+    return {"run_dir": dir_a, "repeat_dir": dir_b, "rows": rows,
+            **_summary(rows, min_samples, tolerance),
+            "options": {"tolerance": tolerance, "min_samples": min_samples}}
+
+
+def fit_overlap(run: dict, model: LatencyModel, vo: ValidationOptions, measured: float) -> float:
+    """The shared-device overlap at which simulated laps-spatial spends the measured step
+    seconds (concurrent steps take longer the less they overlap): bisection on (-0.9, 1)."""
+    lo, hi = -0.9, 1.0
+    for _ in range(8):
+        mid = (lo + hi) / 2
+        _, lanes = simulate_mode("laps-spatial", run, model,
+                                 dataclasses.replace(vo, spatial_overlap=mid))
+        lo, hi = (mid, hi) if step_seconds(lanes) > measured else (lo, mid)
+    return (lo + hi) / 2
+
+
+def validate(vo: ValidationOptions) -> dict:
+    with open(os.path.join(vo.run_dir, "comparison.json")) as f:
+        comp = json.load(f)
+    run = comp["run"]
+    real = real_requests(vo.run_dir)
+    cfg = PRESETS[run["model"]]
+    model = (from_profile(vo.profile, run["model"]).model if vo.profile
+             else LatencyModel.from_dict(run["latency_model"], cfg))
+    rows, factors, overlap = [], {}, None
+    for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
+        rs = real[mode]
+        stats, lanes = simulate_mode(mode, run, model, vo)
+        measured = step_seconds(comp["metrics"][mode]["lanes"])
+        if vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
+            f = factors["laps"]  # the machine's speed as laps saw it; the sharing is fitted
+            overlap = fit_overlap(run, scaled(model, f), vo, measured)
+            stats, lanes = simulate_mode(mode, run, scaled(model, f),
+                                         dataclasses.replace(vo, spatial_overlap=overlap))
+            factors[mode] = f
+        elif vo.calibrate:  # the machine's speed during this mode, from its own step timings
+            f = 1.0
+            for _ in range(2):
+                f *= measured / step_seconds(lanes)
+                stats, lanes = simulate_mode(mode, run, scaled(model, f), vo)
+            factors[mode] = f
+        a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
+        rows += [_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
+    return {"run_dir": vo.run_dir, "options": dataclasses.asdict(vo), "rows": rows,
+            **_summary(rows, vo.min_samples, vo.tolerance),
+            "speed_factors": factors, "spatial_overlap_fitted": overlap,
+            "others_cpu_share": {m: comp[m].get("others_cpu_share") for m in real},
+            "run": {k: run.get(k) for k in ("model", "trace", "trace_format", "requests",
+                                            "length_scale", "time_scale", "threshold",
+                                            "max_output", "slo_scale")}}
+
+
+def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
+    f = lambda x: "-" if x is None else f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    e = lambda x: "-" if x is None else f"{100 * x:+.0f}%"
+    a, b = names
+    lines = [f"| mode | pool | n | {a} p50 ms | {b} p50 ms | err | {a} p90 ms | {b} p90 ms | err |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['mode']} | {r['pool']} | {r['n_real']} | {f(r['real_p50_ms'])} | "
+                     f"{f(r['sim_p50_ms'])} | {e(r['err_p50'])} | {f(r['real_p90_ms'])} | "
+                     f"{f(r['sim_p90_ms'])} | {e(r['err_p90'])} |")
+    lines.append(f"\n{result['cells_within_tolerance']}/{result['cells']} cells within "
+                 f"{100 * result['options']['tolerance']:.0f}%; median |error| "
+                 f"{100 * result['median_abs_error']:.0f}%, worst "
+                 f"{100 * result['worst_abs_error']:.0f}%: "
+                 f"{'PASS' if result['within_tolerance'] else 'FAIL'}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,131 @@
+"""Discrete-event simulation of LAPS serving: the real scheduler on virtual time.
+
+The dispatcher, pools, waiting window, bucket choice and router are the scheduler's own code;
+only the device is simulated (each step lasts what a latency model predicts: a roofline from a
+device's figures, by default Qwen2.5-32B in bf16 on an H200, or a CPU profile of
+scripts/profile_latency.py). Subcommands:
+
+  run       one simulation (a workload at a load, rate or concurrency; 1..N instances)
+  sweep     the study: single-instance load sweeps per mode, routed instances per policy,
+            fixed-concurrency throughput; writes results.json, tables.md (with the paper's
+            claims checked) and PNG figures
+  validate  replay a compare_modes output directory in the simulator and put real and
+            simulated TTFT p50/p90 per mode and pool side by side (exit 1 beyond tolerance)
+  plot      redraw figures and tables from a results.json
+
+Examples:
+  python scripts/simulate.py run --workload azure --mode laps --load 0.7
+  python scripts/simulate.py run --workload lmsys --mode mixed --instances 4 --policy round-robin --load 0.8
+  python scripts/simulate.py sweep --output-dir runs/sim_h200 --figures-dir docs/figures
+  python scripts/simulate.py validate runs/sim_validation/azure80 --output runs/sim_validation/v.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from laps_jax.sim import cli, study
+
+WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like sessions), " \
+            "sessions (--sessions-file)"
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="one simulation")
+    r.add_argument("--workload", default="azure", help=WORKLOADS + " (azure)")
+    r.add_argument("--mode", default="laps", help=cli.MODE_HELP + " (laps)")
+    r.add_argument("--instances", type=int, default=1, help="instances behind the router (1)")
+    r.add_argument("--policy", default="length-aware", help=cli.POLICY_HELP + " (length-aware)")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--load", type=float, default=0.7,
+                     help="offered new tokens/s as a fraction of the devices' physical limit (0.7)")
+    how.add_argument("--rate", type=float, default=None, help="offered requests/s instead")
+    how.add_argument("--concurrency", type=int, default=None,
+                     help="closed loop: this many requests in flight (open-loop traces only)")
+    r.add_argument("--requests", type=int, default=None,
+                   help="requests per instance (azure 800, mooncake 300, lmsys 3000)")
+    r.add_argument("--output", default=None, help="write the result JSON here too")
+    for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
+        add(r)
+    r.set_defaults(func=study.cmd_run)
+
+    s = sub.add_parser("sweep", help="the study (load sweeps, routers, concurrency)")
+    s.add_argument("--workloads", type=cli.csv(str), default=["azure", "mooncake", "lmsys"],
+                   help=WORKLOADS + " (azure,mooncake,lmsys)")
+    s.add_argument("--modes", type=cli.csv(str), default=["mixed", "laps", "laps-spatial"],
+                   help="single-instance and concurrency modes (mixed,laps,laps-spatial)")
+    s.add_argument("--loads", type=cli.csv(float),
+                   default=[0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1],
+                   help="single instance: offered loads, new tokens / physical limit "
+                        "(0.2,0.4,0.6,0.7,0.8,0.9,1.0,1.1); empty: skip")
+    s.add_argument("--requests", dest="requests_per", type=cli.per_workload, default={},
+                   help="requests per single-instance run, per workload (azure=800,"
+                        "mooncake=300,lmsys=3000: sessions need time to reach steady state)")
+    s.add_argument("--instances", type=cli.csv(int), default=[2, 4, 8],
+                   help="routed instance counts (2,4,8); empty: skip")
+    s.add_argument("--policies", type=cli.csv(str),
+                   default=["round-robin", "least-load", "length-aware"], help=cli.POLICY_HELP)
+    s.add_argument("--router-modes", type=cli.csv(str), default=["mixed", "laps"],
+                   help="instance modes behind the router (mixed,laps)")
+    s.add_argument("--router-loads", type=cli.csv(float), default=[0.7, 0.9],
+                   help="routed runs: offered loads (0.7,0.9)")
+    s.add_argument("--router-requests", type=cli.per_workload, default={},
+                   help="requests per instance of a routed run, per workload (azure=400,"
+                        "mooncake=150,lmsys=1500)")
+    s.add_argument("--concurrency", type=cli.csv(int), default=[8, 32, 128],
+                   help="fixed-concurrency throughput runs on azure and mooncake "
+                        "(8,32,128); empty: skip")
+    s.add_argument("--concurrency-requests", type=int, default=None,
+                   help="requests per concurrency run (default: the workload's --requests)")
+    s.add_argument("--output-dir", required=True, help="results.json and tables.md go here")
+    s.add_argument("--figures-dir", default=None, help="PNG figures (default: --output-dir)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
+        add(s)
+    s.set_defaults(func=study.cmd_sweep)
+
+    v = sub.add_parser("validate", help="simulate a compare_modes run and compare")
+    v.add_argument("run_dir", help="compare_modes --output-dir (comparison.json, requests.jsonl)")
+    v.add_argument("--profile-override", default=None,
+                   help="latency model profile JSON (default: the one the run recorded)")
+    v.add_argument("--calibrate", action="store_true",
+                   help="scale step times by the run's measured / simulated step seconds per "
+                        "mode (the machine's speed during that mode; not fitted to TTFT)")
+    v.add_argument("--fit-overlap", action="store_true",
+                   help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
+                        "overlap of its two lanes on the shared CPU to its measured step seconds")
+    v.add_argument("--host-overhead-ms", type=float, default=0.0,
+                   help="extra time per step outside the executables (0)")
+    v.add_argument("--spatial-overlap", type=float, default=0.0,
+                   help="laps-spatial lanes on the shared CPU: extra throughput, 0..1 (0)")
+    v.add_argument("--tolerance", type=float, default=0.20, help="allowed relative error (0.20)")
+    v.add_argument("--repeat", default=None,
+                   help="a second compare_modes run with the same settings: also show real vs "
+                        "real (the machine's noise floor)")
+    v.add_argument("--output", default=None, help="result JSON (+ .md table beside it)")
+    v.add_argument("--figure", default=None, help="PNG of real vs simulated")
+    v.set_defaults(func=study.cmd_validate)
+
+    p = sub.add_parser("plot", help="redraw tables and figures from results.json files")
+    p.add_argument("results", nargs="+", help="results.json of one or more sweeps (merged)")
+    p.add_argument("--output-dir", default=None,
+                   help="tables.md (and a merged results.json) here (default: beside the first)")
+    p.add_argument("--figures-dir", default=None, help="PNG figures (default: --output-dir)")
+    p.set_defaults(func=study.cmd_plot)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""The simulator on cases small enough to check by hand, determinism, and the router's policies.
+
+Everything runs on virtual time (no model, no compiles): each test takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from laps_jax.config import PRESETS
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.scheduler.clock import SimClock, run_simulated
+from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel, StepShape
+from laps_jax.scheduler.policy import SchedulerConfig
+from laps_jax.scheduler.router import Router, RouterConfig
+from laps_jax.scheduler.window import WindowConfig
+from laps_jax.sim import hardware
+from laps_jax.sim import workload as wl
+from laps_jax.sim.driver import RunSpec, simulate
+from laps_jax.sim.executor import SharedDevice
+from laps_jax.sim.instance import GridSpec, InstanceSpec, build_dispatcher
+from laps_jax.sim.summary import summarize
+
+CFG = PRESETS["tiny"]
+MODEL = LatencyModel(CFG, 4, DeviceSpec("toy", 1e9, 1e12, 0.010))  # compute-bound past ~1 token
+GRID = GridSpec(max_chunk=256, min_chunk=16, max_prefill_batch=8, max_decode_batch=8)
+
+
+def step(rows: list[int], width: int) -> float:
+    """Predicted latency of one prefill step in the (rows, width) bucket."""
+    b = 1 << (len(rows) - 1).bit_length()
+    return MODEL.predict(StepShape.bucketed(tuple(rows), (0,) * len(rows), b, width))
+
+
+def spec(mode: str, threshold: int = 64, window: WindowConfig | None = None) -> InstanceSpec:
+    return InstanceSpec(mode, GRID, kv_cache_tokens=8192, max_model_len=2048,
+                        scheduler=SchedulerConfig(threshold=threshold,
+                                                  window=window or WindowConfig(mode="off")))
+
+
+def replay(inst: InstanceSpec, arrivals: list[tuple[float, int]]) -> list:
+    """Submits (time, prompt length) requests with one output token; their stats in order."""
+    async def main():
+        clock = SimClock()
+        d = build_dispatcher(inst, CFG, MODEL, clock)
+        await d.start()
+        handles = []
+        for i, (t, n) in enumerate(arrivals):
+            await clock.sleep(t - clock.now())
+            handles.append(d.submit([10 + (i * 131 + j) % 400 for j in range(n)],
+                                    SamplingParams(max_tokens=1), request_id=f"r{i}"))
+        stats = [await h.result() for h in handles]
+        await d.stop()
+        return stats
+    return run_simulated(main())
+
+
+# -- hand-checkable cases --------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["mixed", "laps", "laps-spatial"])
+def test_one_request_ttft_is_one_predicted_step(mode):
+    (st,) = replay(spec(mode), [(0.0, 20)])
+    assert st.ttft == pytest.approx(step([20], 32))
+
+
+def test_one_short_request_waits_out_a_static_window():
+    (st,) = replay(spec("laps", window=WindowConfig(mode="static", static_s=0.05)), [(0.0, 20)])
+    assert st.ttft == pytest.approx(0.05 + step([20], 32))
+
+
+def test_a_window_that_expires_batches_what_came_in_time():
+    inst = spec("laps", window=WindowConfig(mode="static", static_s=0.05))
+    a, b = replay(inst, [(0.0, 20), (0.02, 30)])
+    both = step([20, 30], 32)  # one step of two rows, dispatched when the window ends
+    assert a.ttft == pytest.approx(0.05 + both)
+    assert b.ttft == pytest.approx(0.03 + both)
+
+
+def test_two_requests_in_a_known_order():
+    """A long step runs; a long B and a short C arrive during it. mixed serves B first (FCFS),
+    laps serves C first (short pool first). Steps are not preempted."""
+    arrivals = [(0.0, 200), (0.001, 150), (0.002, 10)]
+    da, db, dc = step([200], 256), step([150], 256), step([10], 16)
+    _, b, c = replay(spec("mixed"), arrivals)
+    assert b.ttft == pytest.approx(da + db - 0.001)
+    assert c.ttft == pytest.approx(da + db + dc - 0.002)
+    _, b, c = replay(spec("laps"), arrivals)
+    assert c.ttft == pytest.approx(da + dc - 0.002)
+    assert b.ttft == pytest.approx(da + dc + db - 0.001)
+
+
+def test_shared_device_is_processor_sharing():
+    async def main():
+        dev, loop = SharedDevice(0.0), asyncio.get_running_loop()
+        done = {}
+
+        async def job(name, start, solo):
+            await asyncio.sleep(start)
+            await dev.run(solo)
+            done[name] = loop.time()
+        await asyncio.gather(job("a", 0.0, 1.0), job("b", 0.5, 1.0))
+        return done
+    done = run_simulated(main())
+    assert done["a"] == pytest.approx(1.5)   # alone 0.5 s, then half speed for 1 s
+    assert done["b"] == pytest.approx(2.0)
+
+
+# -- whole runs -------------------------------------------------------------------------------
+def _lmsys_run(seed: int, mode: str = "laps"):
+    src = hardware.roofline("qwen2.5-32b")
+    w = wl.load("lmsys", max_requests=60, seed=seed, rate=4.0)
+    inst = InstanceSpec(mode, GridSpec(), kv_cache_tokens=200_000)
+    rs = RunSpec(inst, rate=4.0)
+    result = simulate(rs, src, w)
+    return result, summarize(result, rs, src)
+
+
+def test_same_seed_same_result_other_seed_other_result():
+    r1, s1 = _lmsys_run(3)
+    r2, s2 = _lmsys_run(3)
+    r3, _ = _lmsys_run(4)
+    key = lambda r: sorted((s.request_id, s.arrival, s.ttft, s.cached_tokens) for s in r.stats)
+    assert key(r1) == key(r2) and s1 == s2
+    assert key(r1) != key(r3)
+    lo, hi = r1.window  # sessions are measured in their steady-state window
+    assert s1["completed"] == sum(lo <= s.arrival <= hi for s in r1.stats) > 0
+    assert s1["requests_per_s"] * s1["prefill_span_s"] == sum(
+        lo <= s.prefill_done <= hi for s in r1.stats)
+    assert s1["cached_tokens"] > 0  # later turns re-use their history
+
+
+def test_physical_limit_of_qwen_32b_on_h200():
+    cfg = PRESETS["qwen2.5-32b"]
+    assert hardware.flops_per_token(cfg) == pytest.approx(65.5e9, rel=0.01)
+    assert hardware.physical_limit_tokens_per_s(cfg, hardware.H200) == pytest.approx(12_060,
+                                                                                     rel=0.01)
+    assert 150_000 < hardware.kv_capacity_tokens(cfg, hardware.H200) < 300_000
+
+
+# -- the router -------------------------------------------------------------------------------
+def _router(n: int, policy: str, **kw):
+    clock = SimClock()
+    ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(n)]
+    return Router(ds, RouterConfig(policy=policy, **kw), clock), clock
+
+
+def _prompt(n: int, key: int) -> list[int]:
+    return [10 + (key * 977 + j * 13) % 400 for j in range(n)]
+
+
+def test_round_robin_cycles():
+    async def main():
+        r, _ = _router(4, "round-robin", affinity_ratio=None)
+        await r.start()
+        for i in range(6):
+            r.submit(_prompt(20, i), SamplingParams(max_tokens=1))
+        await r.stop()
+        return r.stats.routed
+    assert run_simulated(main()) == [2, 2, 1, 1]
+
+
+def test_least_load_avoids_the_busy_instance():
+    async def main():
+        r, _ = _router(2, "least-load", affinity_ratio=None)
+        await r.start()
+        a = r.submit(_prompt(250, 1), SamplingParams(max_tokens=1))   # -> i0 (tie, first)
+        b = r.submit(_prompt(20, 2), SamplingParams(max_tokens=1))    # i0 is loaded -> i1
+        c = r.submit(_prompt(20, 3), SamplingParams(max_tokens=1))    # i1 holds less -> i1
+        await r.stop()
+        return [h.request.lane.executor.name.split("/")[0] for h in (a, b, c)]
+    assert run_simulated(main()) == ["i0", "i1", "i1"]
+
+
+def test_length_aware_groups_and_rebalancing():
+    """Short and long requests go to their groups; pending work skewed to one group pulls an
+    instance over (each group keeps one; one move per check)."""
+    async def main():
+        r, clock = _router(4, "length-aware", affinity_ratio=None, rebalance_interval_s=0.0,
+                           rebalance_ratio=2.0, threshold=64)
+        await r.start()
+        long = r.submit(_prompt(250, 1), SamplingParams(max_tokens=1))   # to the long group
+        short = r.submit(_prompt(20, 2), SamplingParams(max_tokens=1))   # long work pending,
+        where = [h.request.lane.executor.name.split("/")[0] for h in (long, short)]  # none short
+        await clock.sleep(10.0)  # all done: nothing pending anywhere
+        for i in range(6):       # only short work now: instances move back to the short group
+            r.submit(_prompt(30, 10 + i), SamplingParams(max_tokens=1))
+        await r.stop()
+        return where, [g[1:] for g in r.stats.groups], r.group
+    where, sizes, groups = run_simulated(main())
+    assert where[0] in ("i2", "i3") and where[1] in ("i0", "i1")
+    assert sizes == [(2, 2), (1, 3), (2, 2), (3, 1)]   # (short, long) after each move
+    assert groups.count("long") == 1
+
+
+def test_affinity_sends_a_follow_up_turn_to_its_history():
+    async def main():
+        r, _ = _router(3, "round-robin", affinity_ratio=0.5)
+        await r.start()
+        history = _prompt(200, 7)
+        first = r.submit(history, SamplingParams(max_tokens=1))
+        await first.result()
+        r.submit(_prompt(20, 8), SamplingParams(max_tokens=1))   # moves the RR pointer on
+        follow = r.submit(history + _prompt(20, 9), SamplingParams(max_tokens=1))
+        await follow.result()
+        await r.stop()
+        return first.request.lane, follow.request.lane, follow.stats.cached_tokens
+    lane_a, lane_b, cached = run_simulated(main())
+    assert lane_a is lane_b and cached == 192  # 12 full pages of 16 tokens
+
+
+@pytest.mark.parametrize("spill_s, expected", [(None, ["i1", "i1", "i0"]),
+                                               (float("inf"), ["i1", "i1", "i1"])])
+def test_length_aware_spills_long_work_to_an_idle_short_group(spill_s, expected):
+    """Group [short i0, long i1]; three long prompts of about one full step each. The third
+    finds i1 more than a full step busier than the idle i0 and spills (unless spill_s = inf)."""
+    async def main():
+        r, _ = _router(2, "length-aware", affinity_ratio=None, threshold=64, spill_s=spill_s,
+                       rebalance_interval_s=1e9)
+        await r.start()
+        hs = [r.submit(_prompt(250, 20 + i), SamplingParams(max_tokens=1)) for i in range(3)]
+        await r.stop()
+        return [h.request.lane.executor.name.split("/")[0] for h in hs]
+    assert run_simulated(main()) == expected
+
+
+def test_generated_sessions_keep_their_lengths_at_any_rate():
+    a = wl.load("lmsys", max_requests=90, seed=5, rate=2.0)
+    b, scale = a.at_rate(8.0)
+    assert scale == 1.0 and list(a.new_token_counts()) == list(b.new_token_counts())
+    starts = lambda w: [s.arrival_s for s in w.sessions.sessions]
+    assert starts(b)[-1] == pytest.approx(starts(a)[-1] / 4)
