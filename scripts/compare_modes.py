@@ -11,7 +11,6 @@ DIR/ttft_cdf.png, DIR/ttft_short_long.png.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 

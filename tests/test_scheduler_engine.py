@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-import jax
 import pytest
 
 from laps_jax.config import PRESETS, EngineConfig

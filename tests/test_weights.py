@@ -13,7 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-from laps_jax.config import ModelConfig
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.runner import ModelRunner, SeqInput
 from laps_jax.models.loader import load_model, restore_params, save_params

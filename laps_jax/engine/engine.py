@@ -20,7 +20,32 @@ from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogp
 from laps_jax.pallas_kernels import default_backend
 
 
-class Engine:
+class PagedSequences:
+    """Admission and release of sequences over a `KVCacheManager` (`self.kv`): shared by the
+    engine and the simulator's stand-in, so both account pages the same way."""
+
+    kv: KVCacheManager
+
+    def admit(self, seq: Sequence) -> None:
+        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages."""
+        pages = self.kv.allocate(seq.prompt)
+        seq.pages, seq.num_computed = pages, pages.cached_len
+        seq.cached_tokens = pages.cached_len
+        seq.status = Status.PREFILL
+        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
+        seq.rng = np.random.default_rng(seed)
+
+    def release(self, seq: Sequence, reason: str | None = None) -> None:
+        """Frees a sequence's pages (finished, aborted or disconnected)."""
+        if seq.pages is not None:
+            self.kv.release(seq.pages)
+            seq.pages = None
+        if seq.status is not Status.FINISHED:
+            seq.status = Status.FINISHED
+            seq.finish_reason = seq.finish_reason or reason or "abort"
+
+
+class Engine(PagedSequences):
     def __init__(self, cfg: ModelConfig, params: dict, ecfg: EngineConfig | None = None,
                  eos_token_ids: Iterable[int] = ()):
         self.cfg = cfg
@@ -53,24 +78,6 @@ class Engine:
         if len(prompt) + max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
                              f"the maximum context length of {limit} tokens")
-
-    def admit(self, seq: Sequence) -> None:
-        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages."""
-        pages = self.kv.allocate(seq.prompt)
-        seq.pages, seq.num_computed = pages, pages.cached_len
-        seq.cached_tokens = pages.cached_len
-        seq.status = Status.PREFILL
-        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
-        seq.rng = np.random.default_rng(seed)
-
-    def release(self, seq: Sequence, reason: str | None = None) -> None:
-        """Frees a sequence's pages (finished, aborted or disconnected)."""
-        if seq.pages is not None:
-            self.kv.release(seq.pages)
-            seq.pages = None
-        if seq.status is not Status.FINISHED:
-            seq.status = Status.FINISHED
-            seq.finish_reason = seq.finish_reason or reason or "abort"
 
     # -- steps ----------------------------------------------------------------------------
     def _input(self, seq: Sequence, start: int, n: int, next_token: int = -1) -> SeqInput:

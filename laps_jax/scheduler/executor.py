@@ -21,7 +21,7 @@ from typing import Callable, Protocol, Sequence as Seq
 
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
-from laps_jax.engine.sequence import Sequence, Status
+from laps_jax.engine.sequence import Sequence
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from laps_jax.engine.kv_cache import OutOfPages
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.executor import StepExecutor
 from laps_jax.scheduler.metrics import LaneCounters, LaneMetrics
-from laps_jax.scheduler.pools import PrefillPlan, WaitUntil
+from laps_jax.scheduler.pools import PrefillPlan
 from laps_jax.scheduler.request import LONG, SHORT, Request, token_event
 
 log = logging.getLogger(__name__)

@@ -32,11 +32,11 @@ class OpenRequest:
     new_tokens: int  # prompt tokens the trace implies are not cached yet
 
 
-def open_requests(trace: Trace) -> list[OpenRequest]:
-    """Token prompts and expected new tokens, in arrival order."""
+def implied_new_tokens(requests) -> list[int]:
+    """Per request: tokens not covered by session history or by Mooncake blocks seen earlier."""
     seen: set[tuple[int, ...]] = set()
     out = []
-    for r in trace:
+    for r in requests:
         cached = r.history_len
         if r.hash_ids and r.block_size:
             full = min(len(r.hash_ids), r.input_len // r.block_size)
@@ -45,9 +45,15 @@ def open_requests(trace: Trace) -> list[OpenRequest]:
                 k += 1
             seen.update(tuple(r.hash_ids[:i + 1]) for i in range(full))
             cached = max(cached, min(k * r.block_size, r.input_len - 1))
-        out.append(OpenRequest(r.request_id, r.arrival_s, r.prompt_token_ids(),
-                               max(1, r.output_len), r.input_len - cached))
+        out.append(r.input_len - cached)
     return out
+
+
+def open_requests(trace: Trace) -> list[OpenRequest]:
+    """Token prompts and expected new tokens, in arrival order."""
+    reqs = list(trace)
+    return [OpenRequest(r.request_id, r.arrival_s, r.prompt_token_ids(), max(1, r.output_len), n)
+            for r, n in zip(reqs, implied_new_tokens(reqs))]
 
 
 def natural_rate(arrivals: list[float]) -> float:

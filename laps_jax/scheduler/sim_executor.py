@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence as Seq
 
+from laps_jax.engine.engine import PagedSequences
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager
 from laps_jax.engine.sequence import Sequence, Status, TokenLogprobs
@@ -20,7 +21,7 @@ from laps_jax.scheduler.executor import Admission, ExecutorStats, StepInfo, buck
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 
 
-class SimEngine:
+class SimEngine(PagedSequences):
     """Host-side twin of `Engine` with fake tokens: token t of a sequence is a hash of
     (seq_id, t), so runs are reproducible."""
 
@@ -28,20 +29,6 @@ class SimEngine:
                  vocab_size: int, prefix_cache: bool = True):
         self.grid, self.max_model_len, self.vocab_size = grid, max_model_len, vocab_size
         self.kv = KVCacheManager(num_pages, page_size, prefix_cache)
-
-    def admit(self, seq: Sequence) -> None:
-        pages = self.kv.allocate(seq.prompt)
-        seq.pages, seq.num_computed = pages, pages.cached_len
-        seq.cached_tokens = pages.cached_len
-        seq.status = Status.PREFILL
-
-    def release(self, seq: Sequence, reason: str | None = None) -> None:
-        if seq.pages is not None:
-            self.kv.release(seq.pages)
-            seq.pages = None
-        if seq.status is not Status.FINISHED:
-            seq.status = Status.FINISHED
-            seq.finish_reason = seq.finish_reason or reason or "abort"
 
     def prefill(self, work: Seq[tuple[Sequence, int]]) -> None:
         for seq, n in work:

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
+from laps_jax.scheduler.replay import implied_new_tokens
 from laps_jax.workload.records import TokenSpace, TraceOptions, TraceRequest
 from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
 from laps_jax.workload.traces import read_azure_csv, read_mooncake_jsonl
@@ -85,21 +86,6 @@ class Workload:
                 "short_fraction_256": float((new <= 256).mean()) if len(new) else 0.0}
 
 
-def implied_new_tokens(requests: list[TraceRequest]) -> list[int]:
-    """Per request: tokens not covered by session history or by Mooncake blocks seen earlier."""
-    seen: set[tuple[int, ...]] = set()
-    out = []
-    for r in requests:
-        cached = r.history_len
-        if r.hash_ids and r.block_size:
-            full = min(len(r.hash_ids), r.input_len // r.block_size)
-            k = 0
-            while k < full and tuple(r.hash_ids[:k + 1]) in seen:
-                k += 1
-            seen.update(tuple(r.hash_ids[:i + 1]) for i in range(full))
-            cached = max(cached, min(k * r.block_size, r.input_len - 1))
-        out.append(r.input_len - cached)
-    return out
 
 
 def load(kind: str, path: str | None = None, max_requests: int | None = None,
