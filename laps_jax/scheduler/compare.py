@@ -285,6 +285,9 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             for s in stats:
                 f.write(json.dumps({"mode": mode, **s.to_dict()}) + "\n")
     title = os.path.basename(o.trace)
-    report.plot(per_mode, os.path.join(o.output_dir, "ttft_cdf.png"),
-                os.path.join(o.output_dir, "ttft_short_long.png"), title)
+    try:
+        report.plot(per_mode, os.path.join(o.output_dir, "ttft_cdf.png"),
+                    os.path.join(o.output_dir, "ttft_short_long.png"), title)
+    except ImportError:
+        log("matplotlib is not installed: no PNG plots (pip install 'laps_jax[plots]')")
     return out
