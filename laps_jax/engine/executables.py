@@ -118,6 +118,15 @@ class BucketGrid:
                     best = b
         return best
 
+    def fit(self, n_seqs: int, max_new: int, prompt_logprobs: bool = False) -> Bucket | None:
+        """The bucket a step of n_seqs sequences (<= max_new new tokens each) runs in: a decode
+        bucket for one token each, else the smallest prefill bucket; None if none holds it."""
+        if max_new == 1 and not prompt_logprobs:
+            b = self.fit_decode(n_seqs)
+            if b is not None:
+                return b
+        return self.fit_prefill(n_seqs, max_new, prompt_logprobs)
+
     def fit_decode(self, n_seqs: int) -> Bucket | None:
         for b in self.decode_batches:
             if b >= n_seqs:

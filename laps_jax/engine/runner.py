@@ -121,16 +121,15 @@ class ModelRunner:
     # -- running ------------------------------------------------------------------------
     def bucket_for(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False) -> Bucket:
         max_new = max(len(s.new_tokens) for s in seqs)
-        if max_new == 1 and not prompt_logprobs:
-            b = self.grid.fit_decode(len(seqs))
-            if b is not None:
-                return b
-        b = self.grid.fit_prefill(len(seqs), max_new, prompt_logprobs)
+        b = self.grid.fit(len(seqs), max_new, prompt_logprobs)
         if b is None:
             raise ValueError(f"no bucket holds {len(seqs)} sequences of {max_new} new tokens "
                              f"(largest chunk {self.grid.max_chunk}, batch "
                              f"{self.grid.prefill_batches[-1]})")
         return b
+
+    def reset_stats(self) -> None:
+        self.stats = RunnerStats()
 
     def pack(self, seqs: Sequence[SeqInput], bucket: Bucket):
         B, T, P = bucket.batch, bucket.tokens, self.pages_per_seq

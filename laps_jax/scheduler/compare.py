@@ -22,7 +22,6 @@ from typing import Callable
 from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.executables import BucketGrid, enable_persistent_cache
-from laps_jax.engine.runner import RunnerStats
 from laps_jax.scheduler import report
 from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
 from laps_jax.scheduler.dispatcher import Dispatcher
@@ -158,7 +157,7 @@ def _one_token(work: list[OpenRequest]) -> list[OpenRequest]:
 def _reset(engines) -> None:
     for e in engines:
         e.kv.clear_prefix_cache()
-        e.runner.stats = RunnerStats()
+        e.runner.reset_stats()
 
 
 async def _run(mode: str, engine, long_engine, model, cfg: SchedulerConfig, work,

@@ -101,11 +101,7 @@ class Admission:
 
 
 def bucket_of(grid: BucketGrid, kind: str, rows: int, width: int) -> tuple[int, int]:
-    if kind == "decode" or width == 1:
-        b = grid.fit_decode(rows)
-        if b is not None:
-            return b.batch, 1
-    b = grid.fit_prefill(rows, width)
+    b = grid.fit(rows, 1 if kind == "decode" else width)
     return (b.batch, b.tokens) if b else (rows, width)
 
 
