@@ -83,7 +83,7 @@ class Engine(PagedSequences):
     def _input(self, seq: Sequence, start: int, n: int, next_token: int = -1) -> SeqInput:
         p = seq.params
         u = float(seq.rng.random()) if p.temperature > 0 and start + n >= len(seq.prompt) else 0.0
-        return SeqInput(seq.tokens[start:start + n], start, seq.pages.pages, p.temperature,
+        return SeqInput(seq.token_slice(start, start + n), start, seq.pages.pages, p.temperature,
                         p.top_k, p.top_p, u, next_token)
 
     def prefill(self, work: Seq[tuple[Sequence, int]], prompt_logprobs: bool = False,
@@ -107,14 +107,14 @@ class Engine(PagedSequences):
 
     def decode(self, seqs: Seq[Sequence]) -> list[SeqOutput]:
         """One token for each sequence. Raises OutOfPages before touching anything."""
-        need = sum(max(self.kv.pages_for(len(s.tokens)) - len(s.pages.pages), 0) for s in seqs)
+        need = sum(max(self.kv.pages_for(s.num_tokens) - len(s.pages.pages), 0) for s in seqs)
         if need > self.kv.num_free:
             raise OutOfPages(f"decode needs {need} more KV pages, {self.kv.num_free} free")
         for s in seqs:
-            self.kv.grow(s.pages, len(s.tokens))
-        outs = self.runner.run([self._input(s, len(s.tokens) - 1, 1) for s in seqs])
+            self.kv.grow(s.pages, s.num_tokens)
+        outs = self.runner.run([self._input(s, s.num_tokens - 1, 1) for s in seqs])
         for s, out in zip(seqs, outs):
-            s.num_computed = len(s.tokens)
+            s.num_computed = s.num_tokens
             self._append(s, out)
         return outs
 
@@ -129,10 +129,10 @@ class Engine(PagedSequences):
             seq.finish_reason = "stop"
         elif out.token_id in p.stop_token_ids:
             seq.finish_reason = "stop"
-        elif len(seq.output) >= p.max_tokens or len(seq.tokens) >= self.ecfg.max_model_len:
+        elif len(seq.output) >= p.max_tokens or seq.num_tokens >= self.ecfg.max_model_len:
             seq.finish_reason = "length"
         if seq.finish_reason:
-            self.kv.commit(seq.pages, seq.tokens[:seq.num_computed])
+            self.kv.commit(seq.pages, seq.token_slice(0, seq.num_computed))
             self.release(seq)
 
     # -- a simple synchronous loop ---------------------------------------------------------

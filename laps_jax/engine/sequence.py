@@ -66,6 +66,20 @@ class Sequence:
         return self.prompt + self.output
 
     @property
+    def num_tokens(self) -> int:
+        """len(tokens) without building the list (decode asks every step)."""
+        return len(self.prompt) + len(self.output)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """tokens[start:stop] without copying the whole conversation."""
+        p = len(self.prompt)
+        if stop <= p:
+            return self.prompt[start:stop]
+        if start >= p:
+            return self.output[start - p:stop - p]
+        return self.prompt[start:] + self.output[:stop - p]
+
+    @property
     def remaining_prefill(self) -> int:
         """Prompt tokens still to compute: the number LAPS classifies a request by."""
         return max(len(self.prompt) - self.num_computed, 0)

@@ -40,21 +40,21 @@ class SimEngine(PagedSequences):
 
     def decode(self, seqs: Seq[Sequence]) -> None:
         for s in seqs:
-            self.kv.grow(s.pages, len(s.tokens))
+            self.kv.grow(s.pages, s.num_tokens)
         for s in seqs:
-            s.num_computed = len(s.tokens)
+            s.num_computed = s.num_tokens
             self._append(s)
 
     def _append(self, seq: Sequence) -> None:
-        tok = (seq.seq_id * 1_000_003 + len(seq.tokens) * 7919) % self.vocab_size
+        tok = (seq.seq_id * 1_000_003 + seq.num_tokens * 7919) % self.vocab_size
         seq.output.append(tok)
         seq.logprobs.append(TokenLogprobs(tok, 0.0, []))
         if tok in seq.params.stop_token_ids:
             seq.finish_reason = "stop"
-        elif len(seq.output) >= seq.params.max_tokens or len(seq.tokens) >= self.max_model_len:
+        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.finish_reason = "length"
         if seq.finish_reason:
-            self.kv.commit(seq.pages, seq.tokens[:seq.num_computed])
+            self.kv.commit(seq.pages, seq.token_slice(0, seq.num_computed))
             self.release(seq)
 
 
@@ -105,7 +105,7 @@ class SimExecutor:
         seqs = list(seqs)
         b, _ = bucket_of(self.grid, "decode", len(seqs), 1)
         info = await self._step("decode", StepShape.bucketed(
-            [1] * len(seqs), [len(s.tokens) - 1 for s in seqs], b, 1), len(seqs))
+            [1] * len(seqs), [s.num_tokens - 1 for s in seqs], b, 1), len(seqs))
         self.engine.decode(seqs)
         return info
 
