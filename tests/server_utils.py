@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
+
+from laps_jax.workload.http_compare import free_port, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--max-chunk", "64", "--max-prefill-batch", "4", "--max-decode-batch", "8",
          "--max-model-len", "512", "--kv-cache-tokens", "8192", "--page-size", "8"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -31,18 +25,12 @@ class ServerProcess:
             [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--model", model,
              "--port", str(self.port), *SMALL, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout} s:\n{self.output()}")
+        try:
+            wait_ready(self.url, self.proc, timeout)
+        except (RuntimeError, TimeoutError) as e:
+            log = self.output()
+            self.stop()
+            raise RuntimeError(f"{e}:\n{log}") from None
 
     def output(self) -> str:
         self.log.flush()

@@ -13,7 +13,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,11 +21,6 @@ class SamplingArrays:
     top_k: jax.Array        # [B] i32, <= 0 = no limit
     top_p: jax.Array        # [B] f32 in (0, 1]
     uniform: jax.Array      # [B] f32 in [0, 1), from the request's seeded generator
-
-    @staticmethod
-    def greedy(n: int) -> "SamplingArrays":
-        return SamplingArrays(np.zeros(n, np.float32), np.zeros(n, np.int32),
-                              np.ones(n, np.float32), np.zeros(n, np.float32))
 
 
 jax.tree_util.register_dataclass(

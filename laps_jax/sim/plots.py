@@ -17,6 +17,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: str, title: str) -> None:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _series(rows: list[dict], key, x: str, y: str) -> dict:
     out = defaultdict(list)
     for r in rows:
@@ -49,10 +56,7 @@ def load_sweep(rows: list[dict], path: str, title: str = "") -> None:
             if i == len(metrics) - 1:
                 ax.set_xlabel("offered load (new tokens / physical limit)")
         axes[0][j].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def router(rows: list[dict], path: str, load: float, title: str = "") -> None:
@@ -80,10 +84,7 @@ def router(rows: list[dict], path: str, load: float, title: str = "") -> None:
             else:
                 ax.set_xlabel("instances")
         axes[0][j].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def concurrency(rows: list[dict], path: str, title: str = "") -> None:
@@ -114,10 +115,7 @@ def concurrency(rows: list[dict], path: str, title: str = "") -> None:
                ylabel="prefill tokens/s" if j == 0 else None)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def validation(result: dict, path: str) -> None:

@@ -36,13 +36,15 @@ class HttpCompareOptions:
     startup_timeout_s: float = 900.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Polls /health until it answers 200; raises if the process dies or time runs out."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -73,14 +75,14 @@ def mode_row(result, slo_ms: float) -> dict:
 def run_http_comparison(work, o: HttpCompareOptions, log=print) -> dict:
     out: dict = {"transport": "http", "slo_ms": o.slo_ms}
     for mode in o.modes:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([sys.executable, o.serve_script, "--mode", mode, "--port",
                                  str(port), *o.serve_args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             log(f"[{mode}] starting server at {url}")
-            _wait_ready(url, proc, o.startup_timeout_s)
+            wait_ready(url, proc, o.startup_timeout_s)
             result = asyncio.run(replay(url, work, ReplayConfig(
                 short_threshold=o.short_threshold, progress=True)))
             out[mode] = mode_row(result, o.slo_ms)
