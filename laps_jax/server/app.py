@@ -131,11 +131,8 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         if req.stream:
             return await _stream(request, state, req, handle)
         return await _whole(request, state, req, handle)
-    except (ConnectionResetError, asyncio.CancelledError):
-        handle.abort()
-        raise
     finally:
-        handle.abort()  # no-op when finished
+        handle.abort()  # client gone, error or cancelled: free its pages now (no-op if done)
         state.live -= 1
         if handle.finished and state.metrics is not None:
             state.metrics.observe(handle.stats)
