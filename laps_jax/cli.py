@@ -28,6 +28,10 @@ def add_engine_args(ap: argparse.ArgumentParser, default_model: str | None = DEF
                    help="weights and KV cache dtype (default: float32 on CPU, bfloat16 on GPU)")
     g.add_argument("--attention-backend", choices=("xla", "pallas"), default=None,
                    help="attention path (default: pallas on GPU, xla on CPU)")
+    g.add_argument("--layer-loop", choices=("scan", "unroll"), default=None,
+                   help="scan: stacked layers under one lax.scan (compile time independent of "
+                        "depth); unroll: one weight set per layer, faster on the CPU where the "
+                        "scan copies each layer's weights (default: unroll on CPU, scan on GPU)")
     g.add_argument("--max-model-len", type=int, default=e.max_model_len,
                    help=f"longest prompt + output in tokens (default {e.max_model_len})")
     g.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
@@ -51,7 +55,8 @@ def engine_config_from_args(args) -> EngineConfig:
                         max_model_len=args.max_model_len, max_chunk=args.max_chunk,
                         max_prefill_batch=args.max_prefill_batch,
                         max_decode_batch=args.max_decode_batch,
-                        attention_backend=args.attention_backend)
+                        attention_backend=args.attention_backend,
+                        layer_loop=args.layer_loop)
 
 
 @dataclasses.dataclass

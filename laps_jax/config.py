@@ -151,6 +151,7 @@ class EngineConfig:
     max_decode_batch: int = 32        # sequences per decode bucket
     max_batch_tokens: int | None = None  # token budget of one prefill step (default max_chunk)
     attention_backend: str | None = None  # None = pallas on GPU, xla on CPU
+    layer_loop: str | None = None         # None = unroll on CPU, scan on GPU (qwen2.LAYER_LOOPS)
     enable_prefix_cache: bool = True
 
     @property

@@ -2,6 +2,10 @@
 """Prefill and decode speed of laps_jax against Hugging Face transformers (torch, CPU) on the same
 random checkpoint, in one process, plus achieved GFLOP/s against the measured matmul rate.
 
+The two sides are timed alternately (one laps_jax call, one transformers call, repeated) and the
+speedup is the median of the per-pair ratios, so a noisy neighbour slows both sides alike.
+Decode on both sides is one greedy step at a time over each side's own KV cache.
+
 transformers and torch are only the comparison here (install the `test` extra); laps_jax itself
 never imports them.
 """
@@ -18,13 +22,25 @@ import numpy as np
 
 
 def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+    return paired_times(fn, None, repeats)[0]
+
+
+def paired_times(fa, fb, repeats: int) -> tuple[float, float, float]:
+    """Median time of `fa` and of `fb`, called alternately so that the machine's noise hits both
+    alike, and the median of the per-pair ratios t_b / t_a (nan without `fb`)."""
+    fns = [f for f in (fa, fb) if f is not None]
+    for f in fns:
+        f()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for i, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f()
+            times[i].append(time.perf_counter() - t0)
+    if fb is None:
+        return statistics.median(times[0]), float("nan"), float("nan")
+    ratio = statistics.median(b / a for a, b in zip(*times))
+    return statistics.median(times[0]), statistics.median(times[1]), ratio
 
 
 def matmul_rate(n: int = 2048) -> float:
@@ -79,13 +95,14 @@ def main(argv=None) -> int:
     for n in lengths:
         ids = rng.integers(0, cfg.vocab_size, n).tolist()
         pages = list(range(1, eng.kv.pages_for(n) + 1))
-        t_ours = median_time(lambda: eng.runner.run([SeqInput(ids, 0, pages)]), args.repeats)
         x = torch.tensor([ids])
         with torch.no_grad():
-            t_hf = median_time(lambda: hf(x, logits_to_keep=1), args.repeats)
+            t_ours, t_hf, speedup = paired_times(
+                lambda: eng.runner.run([SeqInput(ids, 0, pages)]),
+                lambda: hf(x, logits_to_keep=1), args.repeats)
         flops = cfg.flops_per_token() * n + 4 * cfg.num_layers * cfg.q_size * n * n / 2
         rows.append({"phase": "prefill", "tokens": n, "laps_jax_tok_s": n / t_ours,
-                     "transformers_tok_s": n / t_hf, "speedup": t_hf / t_ours,
+                     "transformers_tok_s": n / t_hf, "speedup": speedup,
                      "laps_jax_gflops": flops / t_ours / 1e9,
                      "fraction_of_matmul_peak": flops / t_ours / 1e9 / peak})
     ctx = args.decode_context
@@ -96,20 +113,24 @@ def main(argv=None) -> int:
         for s in seqs:
             eng.admit(s)
             eng.prefill([(s, ctx)])
-        t_ours = median_time(lambda: eng.decode(seqs), args.decode_steps)
+        x = torch.tensor(prompts)
+        with torch.no_grad():  # transformers: one greedy step at a time over its own KV cache
+            state = {"out": hf(x, use_cache=True)}
+
+            def hf_step():
+                nxt = state["out"].logits[:, -1:].argmax(-1)
+                state["out"] = hf(nxt, past_key_values=state["out"].past_key_values,
+                                  use_cache=True)
+
+            t_ours, t_hf, speedup = paired_times(lambda: eng.decode(seqs), hf_step,
+                                                 args.decode_steps)
         for s in seqs:
             eng.release(s)
-        x = torch.tensor(prompts)
-        gen = lambda k: hf.generate(x, max_new_tokens=k, min_new_tokens=k, do_sample=False,
-                                    pad_token_id=0)
-        with torch.no_grad():
-            t1 = median_time(lambda: gen(1), 2)
-            tk = median_time(lambda: gen(args.decode_steps + 1), 2)
-        t_hf = (tk - t1) / args.decode_steps
         rows.append({"phase": "decode", "batch": b, "context": ctx,
                      "laps_jax_tok_s": b / t_ours, "transformers_tok_s": b / t_hf,
-                     "speedup": t_hf / t_ours})
-    print(f"\n| phase | shape | laps_jax tok/s | transformers tok/s | speedup | laps_jax GFLOP/s "
+                     "speedup": speedup})
+    print(f"\n| phase | shape | laps_jax tok/s | transformers tok/s | speedup (median of pairs) "
+          f"| laps_jax GFLOP/s "
           f"(% of {peak:.0f}) |\n|---|---|---|---|---|---|")
     for r in rows:
         shape = f"{r['tokens']} tokens" if r["phase"] == "prefill" else f"batch {r['batch']} @ {ctx}"

@@ -31,7 +31,7 @@ CACHED = (0, 256, 1024, 2048)
 
 
 def fit(engine, samples: list[Sample], name: str) -> LatencyModel:
-    itemsize = engine.runner.k_cache.dtype.itemsize
+    itemsize = engine.runner.kv_dtype.itemsize
     return LatencyModel.fit(engine.cfg, itemsize, [s.shape for s in samples],
                             [s.seconds for s in samples], kv_block_of(engine), name)
 

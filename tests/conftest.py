@@ -56,20 +56,20 @@ def small_engine_config(**kw):
 
 @pytest.fixture(scope="session")
 def engine_for(checkpoint):
-    """engine_for(name) -> (Engine, hf_dir) with float32 weights, warmed up once per session."""
+    """engine_for(name[, layer_loop]) -> (Engine, hf_dir) with float32 weights, built once per
+    session (layer_loop None: the platform default, `unroll` on the CPU)."""
     from laps_jax.engine.engine import Engine
     from laps_jax.models.loader import load_model
     from laps_jax.server.tokenizer import Tokenizer
     made: dict[str, tuple] = {}
 
-    def get(name: str, prompt_logprobs: bool = False):
-        if name not in made:
+    def get(name: str, layer_loop: str | None = None):
+        if (name, layer_loop) not in made:
             path = checkpoint(name)
             loaded = load_model(path, "float32")
-            eng = Engine(loaded.cfg, loaded.params, small_engine_config(),
+            eng = Engine(loaded.cfg, loaded.params, small_engine_config(layer_loop=layer_loop),
                          Tokenizer(path).eos_token_ids)
-            made[name] = (eng, path)
-        eng, path = made[name]
-        return eng, path
+            made[name, layer_loop] = (eng, path)
+        return made[name, layer_loop]
 
     return get

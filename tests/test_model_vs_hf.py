@@ -103,3 +103,25 @@ def test_greedy_decode_matches_generate(engine_for, name):
         assert alone.output == seq.output
     assert engine.kv.num_used == 0
     engine.kv.clear_prefix_cache()
+
+
+def test_scan_layer_loop_matches_transformers(engine_for):
+    """The stacked lax.scan layer loop (the GPU default; the CPU default unrolls) against
+    transformers: chunked prompt log-probs and greedy decode of a batch."""
+    engine, path = engine_for("gqa4_hd32", "scan")
+    assert engine.runner.layer_loop == "scan" and engine_for("gqa4_hd32")[0].runner.layer_loop == "unroll"
+    model = load_hf_model(path)
+    rng = np.random.default_rng(13)
+    ids = rng.integers(0, engine.cfg.vocab_size, 100).tolist()
+    ours, _ = run_prompt_logprobs(engine, ids, split=37)
+    ref = hf_logprobs(model, ids)
+    np.testing.assert_allclose(ours, ref[np.arange(len(ids) - 1), ids[1:]], atol=TOL)
+    prompts = [rng.integers(0, engine.cfg.vocab_size, n).tolist() for n in (5, 29)]
+    for p, seq in zip(prompts, engine.generate(prompts, SamplingParams(max_tokens=12,
+                                                                       ignore_eos=True))):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        assert seq.output == ref
+    assert engine.kv.num_used == 0
+    engine.kv.clear_prefix_cache()

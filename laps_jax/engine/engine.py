@@ -17,6 +17,7 @@ from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
 from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
+from laps_jax.models.qwen2 import default_layer_loop
 from laps_jax.pallas_kernels import default_backend
 
 
@@ -58,7 +59,8 @@ class Engine(PagedSequences):
         self.runner = ModelRunner(cfg, params, num_pages=ecfg.num_pages,
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,
-                                  attention_backend=ecfg.attention_backend or default_backend())
+                                  attention_backend=ecfg.attention_backend or default_backend(),
+                                  layer_loop=ecfg.layer_loop or default_layer_loop())
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
 

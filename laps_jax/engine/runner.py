@@ -18,7 +18,8 @@ import numpy as np
 from laps_jax.config import ModelConfig
 from laps_jax.engine.executables import Bucket, BucketGrid, ExecutableCache
 from laps_jax.engine.sampling import SampleOut, SamplingArrays, sample
-from laps_jax.models.qwen2 import Batch, forward_hidden, last_hidden, lm_logits
+from laps_jax.models.qwen2 import (LAYER_LOOPS, Batch, forward_hidden, last_hidden, lm_logits,
+                                   unstack_layers)
 
 NUM_TOP = 20  # log-probs of this many best tokens come back with every sampled token
 
@@ -78,22 +79,35 @@ def _step(params, k_cache, v_cache, batch: Batch, sampling: SamplingArrays, targ
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, params: dict, *, num_pages: int, page_size: int = 16,
                  max_model_len: int = 4096, grid: BucketGrid | None = None,
-                 attention_backend: str = "xla", kv_dtype=None, mesh=None):
-        self.cfg, self.params = cfg, params
+                 attention_backend: str = "xla", kv_dtype=None, mesh=None,
+                 layer_loop: str = "scan"):
+        if layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"unknown layer loop {layer_loop!r}; choose one of {LAYER_LOOPS}")
+        if isinstance(params["layers"], list) and layer_loop == "scan":
+            raise ValueError("layer_loop='scan' needs stacked layer weights")
+        self.cfg = cfg
         self.page_size, self.num_pages = page_size, num_pages
         self.max_model_len = max_model_len
         self.pages_per_seq = -(-max_model_len // page_size)
         self.grid = grid or BucketGrid.default()
-        self.attention_backend = attention_backend
-        dtype = kv_dtype or jax.tree.leaves(params)[0].dtype
-        shape = (cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k_cache = jnp.zeros(shape, dtype)
-        self.v_cache = jnp.zeros(shape, dtype)
+        self.attention_backend, self.layer_loop = attention_backend, layer_loop
+        self.kv_dtype = jnp.dtype(kv_dtype or jax.tree.leaves(params)[0].dtype)
+        shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         if mesh is not None:  # tensor parallel: weights and KV heads split over the mesh
             from laps_jax.models.sharding import kv_sharding, shard_params
-            self.params = params = shard_params(params, mesh)
-            self.k_cache = jax.device_put(self.k_cache, kv_sharding(shape, mesh))
-            self.v_cache = jax.device_put(self.v_cache, kv_sharding(shape, mesh))
+            params = shard_params(params, mesh)
+            sharding = kv_sharding(shape, mesh)
+        else:  # pages live where the weights are
+            sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+        zeros = lambda s: jax.device_put(jnp.zeros(s, self.kv_dtype), sharding)
+        if layer_loop == "unroll":  # one page pool per layer (see qwen2.LAYER_LOOPS)
+            self.params = unstack_layers(params)
+            self.k_cache = [zeros(shape) for _ in range(cfg.num_layers)]
+            self.v_cache = [zeros(shape) for _ in range(cfg.num_layers)]
+        else:
+            self.params = params
+            self.k_cache = zeros((cfg.num_layers, *shape))
+            self.v_cache = zeros((cfg.num_layers, *shape))
         self.executables = ExecutableCache(self._build)
         self.stats = RunnerStats()
 
@@ -108,8 +122,8 @@ class ModelRunner:
         f32 = jax.ShapeDtypeStruct((B,), jnp.float32)
         sampling = SamplingArrays(f32, i32(B), f32, f32)
         abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-        args = (jax.tree.map(abstract, self.params), abstract(self.k_cache),
-                abstract(self.v_cache), batch, sampling, i32(B, T))
+        args = (jax.tree.map(abstract, self.params), jax.tree.map(abstract, self.k_cache),
+                jax.tree.map(abstract, self.v_cache), batch, sampling, i32(B, T))
         return fn, args
 
     def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:

@@ -41,17 +41,22 @@ def param_shardings(params: dict, mesh: Mesh) -> dict:
     size = mesh.shape[AXIS]
 
     def rule(path, leaf):
-        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        names = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        unstacked = len(names) > 1 and names[0] == "layers" and names[1].isdigit()
+        key = "/".join(names[:1] + names[2:] if unstacked else names)  # layers/<i>/... per layer
         if key not in _RULES:
             raise KeyError(f"no partition rule for parameter {key!r}")
-        return NamedSharding(mesh, _spec(leaf.shape, _RULES[key], size))
+        axis = _RULES[key]
+        if unstacked and axis is not None:
+            axis -= 1  # no leading layer axis
+        return NamedSharding(mesh, _spec(leaf.shape, axis, size))
 
     return jax.tree_util.tree_map_with_path(rule, params)
 
 
 def kv_sharding(kv_shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
-    """KV pages [L, pages, page_size, kv_heads, head_dim] split over kv heads when they divide."""
-    return NamedSharding(mesh, _spec(kv_shape, 3, mesh.shape[AXIS]))
+    """KV pages [(L,) pages, page_size, kv_heads, head_dim] split over kv heads when they divide."""
+    return NamedSharding(mesh, _spec(kv_shape, len(kv_shape) - 2, mesh.shape[AXIS]))
 
 
 def shard_params(params: dict, mesh: Mesh) -> dict:

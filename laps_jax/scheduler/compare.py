@@ -88,7 +88,7 @@ def _latency_model(o: CompareOptions, engine: Engine, log) -> LatencyModel:
     log("no --profile: timing 24 shapes for the latency model")
     samples = profile(engine, plan_shapes(engine, 24, seed=o.seed), reps=2)
     engine.kv.clear_prefix_cache()
-    return LatencyModel.fit(engine.cfg, engine.runner.k_cache.dtype.itemsize,
+    return LatencyModel.fit(engine.cfg, engine.runner.kv_dtype.itemsize,
                             [s.shape for s in samples], [s.seconds for s in samples],
                             kv_block_of(engine), "quick-profile")
 
