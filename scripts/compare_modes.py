@@ -72,6 +72,14 @@ def parse(argv):
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
                    help="laps: a ready short batch always runs first (short-first, the LAPS "
                         "policy), or yields to a long request whose score is lower (aging)")
+    s.add_argument("--decode-gap", type=float, default=None,
+                   help="seconds prefill may hold the next decode step back (default: one "
+                        "full-budget prefill step as predicted, the same bound in every mode; "
+                        "0: a decode step after every prefill step)")
+    s.add_argument("--long-budget", type=int, default=None,
+                   help="laps: padded tokens per long-pool chunk (default: the step budget, "
+                        "--max-batch-tokens or --max-chunk); smaller chunks let short requests "
+                        "in sooner at some throughput cost")
     s.add_argument("--no-buckets", action="store_true",
                    help="ablation: compile one prefill executable (1 x --max-chunk) so every "
                         "prefill step pads to it, instead of the (batch, tokens) bucket grid")
@@ -84,6 +92,10 @@ def parse(argv):
                         "in-process engine (TTFT SLO: --http-slo-ms)")
     s.add_argument("--http-slo-ms", type=float, default=1000.0,
                    help="with --http: the TTFT target counted as an SLO violation (ms)")
+    s.add_argument("--repeats", type=int, default=1,
+                   help="run every mode this many times on the same arrivals (order alternating "
+                        "each round) and report the median of the per-round laps/mixed ratios; "
+                        "tables, plots and requests.jsonl show round 1")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
     return ap.parse_args(argv)
@@ -137,7 +149,9 @@ def main(argv=None) -> int:
         max_requests=args.max_requests, load=args.load, length_scale=args.length_scale,
         slo_scale=args.slo_scale, threshold=threshold,
         window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
-        buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order, time_scale=args.time_scale, profile=args.profile,
+        buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order,
+        decode_gap_s=args.decode_gap, long_budget_tokens=args.long_budget, repeats=args.repeats,
+        time_scale=args.time_scale, profile=args.profile,
         capacity_requests=args.capacity_requests, max_output=args.max_output,
         capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,
         compile_cache=args.compile_cache, simulate=args.simulate)

@@ -289,3 +289,35 @@ def test_response_ratio_order_ages_in_proportion_to_size():
     late = req(100)
     pool.add(late, 0.95)
     assert pool.ordered(0.95)[:2] == [small, big]  # 5.5, 1.95 > late's 1.0
+
+
+def test_decode_gap_defaults_to_one_full_prefill_step():
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.scheduler.policy import derive
+    full = MODEL.predict(StepShape.exact((GRID.max_chunk,)))
+    assert derive(SchedulerConfig(), GRID, MODEL).decode_gap_s == pytest.approx(full)
+    assert derive(SchedulerConfig(decode_gap_s=0.0), GRID, MODEL).decode_gap_s == 0.0
+    assert derive(SchedulerConfig(), GRID, None).decode_gap_s == 0.0
+
+
+@pytest.mark.parametrize("mode", ["mixed", "laps"])
+def test_prefill_steps_run_back_to_back_within_the_decode_gap(mode):
+    """A decoding request does not get a decode step after every prefill step while the gap
+    allows: the same queued prefills finish sooner than with a decode step after each."""
+    def last_prefill(gap: float) -> tuple[float, int]:
+        async def main():
+            cfg = SchedulerConfig(threshold=64, decode_gap_s=gap, window=WindowConfig(mode="off"))
+            d, clock = _sim_dispatcher(mode, config=cfg)
+            await d.start()
+            dec = d.submit([7] * 10, SamplingParams(max_tokens=40, ignore_eos=True))
+            await clock.sleep(0.05)  # decoding by now
+            hs = [d.submit([9] * 200 + [i], SamplingParams(max_tokens=1)) for i in range(6)]
+            stats = [await h.result() for h in hs]
+            await dec.result()
+            steps = d.metrics().lanes[0].counters.prefill_steps
+            await d.stop()
+            return max(s.prefill_done for s in stats), steps
+        return run_simulated(main())
+    (alternate, steps0), (gapped, steps1) = last_prefill(0.0), last_prefill(10.0)
+    assert steps0 == steps1 >= 4  # the same prefill steps (one for `dec`, >= 3 for the six)
+    assert gapped < alternate

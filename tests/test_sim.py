@@ -230,3 +230,41 @@ def test_generated_sessions_keep_their_lengths_at_any_rate():
     assert scale == 1.0 and list(a.new_token_counts()) == list(b.new_token_counts())
     starts = lambda w: [s.arrival_s for s in w.sessions.sessions]
     assert starts(b)[-1] == pytest.approx(starts(a)[-1] / 4)
+
+
+def test_median_ratio_skips_undefined_rounds():
+    from laps_jax.scheduler.report import median_ratio
+    got = median_ratio([{"a": 1.0, "b": None}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": None}])
+    assert got == {"a": 2.0, "b": 2.0}
+
+
+def test_compare_repeats_rounds_in_alternating_order(tmp_path):
+    """compare_modes --simulate --repeats 2: both rounds recorded, modes alternate their order,
+    and the reported ratio is the median of the rounds' (equal here: virtual time is exact)."""
+    import os
+    from pathlib import Path
+
+    from laps_jax.config import EngineConfig
+    from laps_jax.scheduler.compare import CompareOptions, run_comparison
+    repo = Path(__file__).resolve().parents[1]
+    trace = next((p for p in (repo.parent / "shared" / "traces" / "azure_llm_2023_conv.csv",
+                              Path("/work/shared/traces/azure_llm_2023_conv.csv")) if p.exists()),
+                 None)
+    if trace is None:
+        pytest.skip("azure_llm_2023_conv.csv not found")
+    logs: list[str] = []
+    o = CompareOptions(model="bench-cpu", trace=str(trace), trace_format="azure",
+                       output_dir=str(tmp_path), modes=("mixed", "laps"),
+                       ecfg=EngineConfig(max_chunk=512, max_decode_batch=16,
+                                         kv_cache_tokens=32768),
+                       max_requests=60, length_scale=0.1, threshold=26, time_scale=0.3,
+                       profile=str(repo / "docs" / "data" / "profile_bench_cpu.json"),
+                       simulate=True, repeats=2)
+    out = run_comparison(o, logs.append)
+    assert out["run"]["repeats"] == 2 and len(out["rounds"]) == 2
+    order = [line.split(":")[1].strip() for line in logs if line.startswith("round")]
+    assert order == ["mixed", "laps", "laps", "mixed"]
+    assert out["rounds"][0]["laps"]["ttft_ms_p90"] == out["rounds"][1]["laps"]["ttft_ms_p90"]
+    want = out["rounds"][0]["laps"]["ttft_ms_p90"] / out["rounds"][0]["mixed"]["ttft_ms_p90"]
+    assert out["ratio"]["ttft_ms_p90"] == pytest.approx(want)
+    assert os.path.exists(tmp_path / "comparison.json")

@@ -53,6 +53,9 @@ class CompareOptions:
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
     cross_pool: str = "short-first"
     order: str = "ratio"
+    decode_gap_s: float | None = None  # None: one full prefill step (SchedulerConfig)
+    long_budget_tokens: int | None = None  # laps long-chunk budget (None: the step budget)
+    repeats: int = 1  # rounds of all modes on the same arrivals, order alternating each round
     buckets: bool = True               # False: one prefill executable (1 x max_chunk)
     time_scale: float | None = None    # None: from the measured capacity and `load`
     profile: str | None = None
@@ -219,7 +222,8 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     work = _workload(o, vocab, max_len)
     n_req = work.num_requests if isinstance(work, SessionTrace) else len(work)
     cfg = SchedulerConfig(threshold=o.threshold, window=o.window, cross_pool=o.cross_pool,
-                          order=o.order)
+                          order=o.order, decode_gap_s=o.decode_gap_s,
+                          long_budget_tokens=o.long_budget_tokens)
 
     capacity = None
     time_scale = o.time_scale
@@ -235,26 +239,35 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         log(f"mixed {o.capacity_mode} capacity {capacity:.2f} requests/s ({len(stats)} at once); trace rate "
             f"{natural_rate(arrivals):.2f}/s -> time scale {time_scale:.3f}")
 
-    results, per_mode, metrics = {}, {}, {}
-    for mode in o.modes:
-        t0 = time.perf_counter()
-        with CpuMeter() as cpu:
-            stats, m, _ = execute(mode, work, time_scale, cfg, slo_fn, max_len)
-        per_mode[mode], metrics[mode] = stats, m.to_dict()
-        results[mode] = report.summarize(stats)
-        results[mode]["wall_s"] = time.perf_counter() - t0
-        r = results[mode]
-        r["others_cpu_share"] = None if o.simulate else cpu.others
-        busy = "" if o.simulate else (f"; other processes used {100 * cpu.others:.0f}% of "
-                                      "the CPU meanwhile")
-        log(f"{mode}: {len(stats)} requests in {r['wall_s']:.0f} s, TTFT p50 "
-            f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
+    results, per_mode, metrics, rounds = {}, {}, {}, []
+    for rnd in range(max(1, o.repeats)):
+        # later rounds alternate the order, so drift in the machine's speed hits every mode
+        order = list(o.modes) if rnd % 2 == 0 else list(reversed(o.modes))
+        summary = {}
+        for mode in order:
+            t0 = time.perf_counter()
+            with CpuMeter() as cpu:
+                stats, m, _ = execute(mode, work, time_scale, cfg, slo_fn, max_len)
+            r = summary[mode] = report.summarize(stats)
+            r["wall_s"] = time.perf_counter() - t0
+            r["others_cpu_share"] = None if o.simulate else cpu.others
+            if rnd == 0:
+                per_mode[mode], metrics[mode], results[mode] = stats, m.to_dict(), r
+            busy = "" if o.simulate else (f"; other processes used {100 * cpu.others:.0f}% "
+                                          "of the CPU meanwhile")
+            tag = f"round {rnd + 1}: " if o.repeats > 1 else ""
+            log(f"{tag}{mode}: {len(stats)} requests in {r['wall_s']:.0f} s, TTFT p50 "
+                f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
+        rounds.append(summary)
+    results = {m: results[m] for m in o.modes}
 
     ratios = {}
     if "mixed" in results:
         for mode in results:
             if mode != "mixed":
-                ratios[f"{mode}/mixed"] = report.ratio(results[mode], results["mixed"])
+                per_round = [report.ratio(r[mode], r["mixed"]) for r in rounds]
+                ratios[f"{mode}/mixed"] = (per_round[0] if len(rounds) == 1
+                                           else report.median_ratio(per_round))
     out = dict(results)
     if "laps/mixed" in ratios:
         out["ratio"] = ratios["laps/mixed"]
@@ -270,11 +283,15 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "threshold_at_0_cached": min(model.threshold(0), o.ecfg.max_chunk)
         if o.threshold is None else o.threshold,
         "window": dataclasses.asdict(o.window), "buckets": o.buckets,
-        "cross_pool": o.cross_pool, "order": o.order,
+        "cross_pool": o.cross_pool, "order": o.order, "decode_gap_s": o.decode_gap_s,
+        "long_budget_tokens": o.long_budget_tokens,
         "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),
         "latency_model": model.to_dict(), "simulated": o.simulate,
     }
     out["metrics"] = metrics
+    if len(rounds) > 1:  # every round's summaries; `ratio` above is the median over rounds
+        out["rounds"] = rounds
+        out["run"]["repeats"] = len(rounds)
     with open(os.path.join(o.output_dir, "comparison.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
     with open(os.path.join(o.output_dir, "comparison.md"), "w") as f:

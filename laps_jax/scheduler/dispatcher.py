@@ -63,7 +63,7 @@ class Dispatcher:
         self.derived = derive(self.config, execs[0].grid, latency_model)
         self.threshold = self.derived.threshold
         self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
-                           self.threshold, self._on_finish, self.config.decode_gap_s)
+                           self.threshold, self._on_finish, self.derived.decode_gap_s)
                       for n, ex in zip(names, execs)]
         self.live: dict[str, Request] = {}
         self.counts = {"submitted": 0, "finished": 0, "aborted": 0, "failed": 0}

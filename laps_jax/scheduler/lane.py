@@ -81,12 +81,13 @@ class Lane:
         while True:
             self.wake.clear()
             try:
+                start = self.clock.now()
                 await self._admit()
                 act = self._next(self.clock.now())
-                if act == "decode":
-                    await self._decode()
-                elif isinstance(act, PrefillPlan):
-                    await self._prefill(act)
+                if act == "decode" or isinstance(act, PrefillPlan):
+                    step_s = await (self._decode() if act == "decode" else self._prefill(act))
+                    # what the loop spent around the step: admission, planning, thread hops
+                    self.counters.host_seconds += max(0.0, self.clock.now() - start - step_s)
                 else:
                     if self.stopping and not self.has_work():
                         return
@@ -126,7 +127,7 @@ class Lane:
             st.pool = SHORT if st.new_tokens <= self.threshold(st.cached_tokens) else LONG
             self.planner.add(r, now)
 
-    async def _prefill(self, plan: PrefillPlan) -> None:
+    async def _prefill(self, plan: PrefillPlan) -> float:
         self._last = "prefill"
         self.planner.dispatched(plan, self.clock.now())
         self.inflight = {r for r, _ in plan.work}
@@ -145,8 +146,9 @@ class Lane:
                 self._deliver(r, now)
                 if not r.seq.is_finished:
                     self.decoding.append(r)
+        return info.seconds
 
-    async def _decode(self) -> None:
+    async def _decode(self) -> float:
         self._last = "decode"
         self._last_decode = self.clock.now()
         batch = self.decoding[:self.max_decode]
@@ -156,7 +158,7 @@ class Lane:
         except OutOfPages:  # admission should prevent it; fail the newest rather than hang
             self.inflight = set()
             await self._fail([batch[-1]], "error")
-            return
+            return 0.0
         self.counters.record(info)
         now = self.clock.now()
         self.inflight = set()
@@ -170,6 +172,7 @@ class Lane:
             if not r.seq.is_finished:
                 rest.append(r)
         self.decoding = [r for r in rest if not r.aborted]
+        return info.seconds
 
     # -- results --------------------------------------------------------------------------
     def _deliver(self, r: Request, now: float) -> None:

@@ -19,6 +19,7 @@ class LaneCounters:
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    host_seconds: float = 0.0  # loop time around steps (admission, planning, thread hops)
     idle_waits: int = 0
     failed_steps: int = 0
 
@@ -34,6 +35,11 @@ class LaneCounters:
             self.decode_seconds += info.seconds
             hist = self.decode_batch_sizes
         hist[info.seqs] = hist.get(info.seqs, 0) + 1
+
+    @property
+    def host_seconds_per_step(self) -> float:
+        steps = self.prefill_steps + self.decode_steps
+        return self.host_seconds / steps if steps else 0.0
 
 
 @dataclasses.dataclass

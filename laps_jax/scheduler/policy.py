@@ -42,7 +42,8 @@ class SchedulerConfig:
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
     aging_fraction: float = 0.25          # default aging: this share of a full step's tokens/s
     max_padding: float = 0.5              # largest padded share a batch may grow to
-    decode_gap_s: float = 0.0             # prefill may hold decode back this long (0: alternate)
+    decode_gap_s: float | None = None     # prefill may hold decode back this long (None: one
+                                          # full-budget prefill step with a model, else 0)
     cross_pool: str = "short-first"       # "short-first": a ready short batch runs first;
                                           # "aging": it yields to a long request scoring lower
     order: str = "ratio"                  # in-pool order: "ratio" (response ratio) or "aging"
@@ -63,6 +64,7 @@ class Derived:
     cross_pool: str = "short-first"
     order: str = "aging"
     service: Callable[[int], float] | None = None
+    decode_gap_s: float = 0.0
 
 
 def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
@@ -77,7 +79,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
         fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
         return Derived(lambda c: fixed, budget, long_budget, cfg.max_postpone_s or 1.0,
                        cfg.aging_tokens_per_s or 2000.0, lambda w, b: 0.0, window,
-                       cfg.cross_pool, cfg.order)
+                       cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0)
 
     full = model.predict(StepShape.exact((min(long_budget, grid.max_chunk),)))
     # a request gains `aging_fraction` of a full step's worth of tokens per full step it waits
@@ -102,8 +104,11 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
                                                 bucket.batch, bucket.tokens))
     per_token = (full - model.device.step_overhead_s) / min(long_budget, grid.max_chunk)
     service = lambda n: model.device.step_overhead_s + n * per_token
+    # Decode waits for at most one full prefill step: the same inter-token bound in every mode,
+    # so a policy that runs more, smaller prefill steps does not also pay for more decode steps.
+    gap = full if cfg.decode_gap_s is None else cfg.decode_gap_s
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
-                   cfg.cross_pool, cfg.order, service)
+                   cfg.cross_pool, cfg.order, service, gap)
 
 
 class MixedPlanner:

@@ -86,6 +86,16 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def median_ratio(rounds: list[dict]) -> dict:
+    """Per field, the median of several rounds' ratios (fields undefined in a round skipped)."""
+    keys = {k for r in rounds for k in r}
+    out = {}
+    for k in keys:
+        xs = [r[k] for r in rounds if r.get(k) is not None]
+        out[k] = float(np.median(xs)) if xs else None
+    return out
+
+
 def markdown(results: dict, ratios: dict) -> str:
     """Per-mode rows and the ratio rows, one column per field."""
     cols = list(FIELDS)

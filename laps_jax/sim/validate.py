@@ -82,6 +82,19 @@ def step_seconds(lanes: list[dict]) -> float:
     return sum(l["counters"]["prefill_seconds"] + l["counters"]["decode_seconds"] for l in lanes)
 
 
+def num_steps(lanes: list[dict]) -> int:
+    return sum(l["counters"]["prefill_steps"] + l["counters"]["decode_steps"] for l in lanes)
+
+
+def host_seconds_per_step(lanes: list[dict]) -> float | None:
+    """The real lanes' loop time around steps (admission, planning, thread hops) per step;
+    None for runs recorded before lanes counted it."""
+    if not all("host_seconds" in l["counters"] for l in lanes):
+        return None
+    steps = num_steps(lanes)
+    return sum(l["counters"]["host_seconds"] for l in lanes) / steps if steps else 0.0
+
+
 def simulate_mode(mode: str, run: dict, model: LatencyModel,
                   vo: ValidationOptions) -> tuple[list, list[dict]]:
     """One mode of the recorded run, replayed on simulated instances: its RequestStats and
@@ -103,7 +116,11 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
     work = compare._workload(o, cfg.vocab_size, max_len)
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
                         page_size=ecfg.page_size, max_model_len=max_len,
-                        scheduler=SchedulerConfig(threshold=o.threshold, window=o.window),
+                        scheduler=SchedulerConfig(threshold=o.threshold, window=o.window,
+                                                  cross_pool=run.get("cross_pool", "short-first"),
+                                                  order=run.get("order", "ratio"),
+                                                  decode_gap_s=run.get("decode_gap_s", 0.0),
+                                                  long_budget_tokens=run.get("long_budget_tokens")),
                         spatial_devices=1, spatial_overlap=vo.spatial_overlap,
                         host_overhead_s=vo.host_overhead_s,
                         prefix_cache=ecfg.enable_prefix_cache)
@@ -182,21 +199,31 @@ def validate(vo: ValidationOptions) -> dict:
     cfg = PRESETS[run["model"]]
     model = (from_profile(vo.profile, run["model"]).model if vo.profile
              else LatencyModel.from_dict(run["latency_model"], cfg))
-    rows, factors, overlap = [], {}, None
+    rows, factors, overlap, host = [], {}, None, {}
+    base = vo
     for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
         rs = real[mode]
-        stats, lanes = simulate_mode(mode, run, model, vo)
         measured = step_seconds(comp["metrics"][mode]["lanes"])
+        h = host_seconds_per_step(comp["metrics"][mode]["lanes"])
+        vo = base
+        if vo.calibrate and h is not None:  # the measured loop overhead joins each sim step
+            vo = dataclasses.replace(base, host_overhead_s=h)
+            measured += h * num_steps(comp["metrics"][mode]["lanes"])
+            host[mode] = h
+        stats, lanes = simulate_mode(mode, run, model, vo)
         if vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
             f = factors["laps"]  # the machine's speed as laps saw it; the sharing is fitted
             overlap = fit_overlap(run, scaled(model, f), vo, measured)
             stats, lanes = simulate_mode(mode, run, scaled(model, f),
                                          dataclasses.replace(vo, spatial_overlap=overlap))
             factors[mode] = f
-        elif vo.calibrate:  # the machine's speed during this mode, from its own step timings
+        elif vo.calibrate:  # the machine's speed during this mode, from its own step timings:
+            # mean seconds per step, real over simulated (totals would let a simulation that
+            # runs more, cheaper steps than the real one look calibrated)
+            real_mean = measured / max(1, num_steps(comp["metrics"][mode]["lanes"]))
             f = 1.0
-            for _ in range(2):
-                f *= measured / step_seconds(lanes)
+            for _ in range(3):
+                f *= real_mean / (step_seconds(lanes) / max(1, num_steps(lanes)))
                 stats, lanes = simulate_mode(mode, run, scaled(model, f), vo)
             factors[mode] = f
         a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
@@ -204,6 +231,7 @@ def validate(vo: ValidationOptions) -> dict:
     return {"run_dir": vo.run_dir, "options": dataclasses.asdict(vo), "rows": rows,
             **_summary(rows, vo.min_samples, vo.tolerance),
             "speed_factors": factors, "spatial_overlap_fitted": overlap,
+            "host_overhead_s": host,
             "others_cpu_share": {m: comp[m].get("others_cpu_share") for m in real},
             "run": {k: run.get(k) for k in ("model", "trace", "trace_format", "requests",
                                             "length_scale", "time_scale", "threshold",
