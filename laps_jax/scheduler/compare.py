@@ -295,7 +295,11 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     with open(os.path.join(o.output_dir, "comparison.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
     with open(os.path.join(o.output_dir, "comparison.md"), "w") as f:
-        f.write(report.markdown(results, ratios))
+        label = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
+        if label:
+            f.write(f"Mode rows: round 1 of {len(rounds)}. Ratio rows: median over the rounds' "
+                    "ratios (every round in comparison.json, `rounds`).\n\n")
+        f.write(report.markdown(results, {k + label: v for k, v in ratios.items()}))
     with open(os.path.join(o.output_dir, "requests.jsonl"), "w") as f:
         for mode, stats in per_mode.items():
             for s in stats:
