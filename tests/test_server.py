@@ -93,6 +93,7 @@ def test_models_health_metrics(server, client):
     assert server.metric("laps_compiles_after_warmup") == 0
     assert server.metric("laps_requests_total") > 0
     assert server.metric("laps_kv_pages_free") > 0
+    assert server.metric("laps_lane_seconds_total") > 0  # prefill + decode + host, every lane
 
 
 @pytest.mark.parametrize("path,body,status,needle", [

@@ -55,6 +55,15 @@ class _Live:
                 for size, n in sorted(hist.items()):
                     fam.add_metric([lane.name, str(size)], n)
                 yield fam
+        seconds = CounterMetricFamily(
+            "laps_lane_seconds", "Seconds each lane spent in prefill steps, decode steps, and "
+            "around steps on the host (admission, planning, thread hops)", labels=["lane", "kind"])
+        for lane in m.lanes:
+            c = lane.counters
+            for kind, v in (("prefill", c.prefill_seconds), ("decode", c.decode_seconds),
+                            ("host", c.host_seconds)):
+                seconds.add_metric([lane.name, kind], v)
+        yield seconds
         waits = CounterMetricFamily("laps_window_waits", "Short-pool waiting-window waits",
                                     labels=["lane"])
         for lane in m.lanes:
