@@ -93,7 +93,9 @@ def test_models_health_metrics(server, client):
     assert server.metric("laps_compiles_after_warmup") == 0
     assert server.metric("laps_requests_total") > 0
     assert server.metric("laps_kv_pages_free") > 0
-    assert server.metric("laps_lane_seconds_total") > 0  # prefill + decode + host, every lane
+    before = server.metric("laps_lane_seconds_total")  # prefill + decode + host, every lane
+    client.completions.create(model=MODEL, prompt="metrics", max_tokens=3)
+    assert server.metric("laps_lane_seconds_total") > before
 
 
 @pytest.mark.parametrize("path,body,status,needle", [
