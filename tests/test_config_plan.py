@@ -48,3 +48,17 @@ def test_config_errors_name_the_problem(tmp_path):
         resolve_model(str(tmp_path))
     with pytest.raises(ConfigError, match="neither a model directory nor a preset"):
         resolve_model("no-such-model")
+
+
+def test_cpu_layer_loop_unrolls_small_models_only():
+    """Unrolling on the CPU holds a second copy of the weights while it unstacks them, so a model
+    over a quarter of the machine's memory keeps the stacked scan (checked on abstract shapes)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from laps_jax.models.qwen2 import default_layer_loop
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU default")
+    shapes = lambda name: nnx.to_pure_dict(abstract_state(PRESETS[name], jnp.bfloat16))
+    assert default_layer_loop(shapes("tiny")) == "unroll"
+    assert default_layer_loop(shapes("qwen2.5-32b")) == "scan"  # 65.5 GB of bf16 weights

@@ -9,6 +9,7 @@ and run under one `lax.scan`, so compile time does not grow with depth.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -191,9 +192,20 @@ def unstack_layers(params: dict) -> dict:
     return {**params, "layers": layers}
 
 
-def default_layer_loop() -> str:
-    """`unroll` on CPU, `scan` elsewhere (see LAYER_LOOPS)."""
-    return "unroll" if jax.default_backend() == "cpu" else "scan"
+def default_layer_loop(params: dict | None = None) -> str:
+    """`unroll` on CPU, `scan` elsewhere (see LAYER_LOOPS). Unstacking holds a second copy of
+    the weights for a moment, so a CPU model over a quarter of the machine's memory scans."""
+    if jax.default_backend() != "cpu":
+        return "scan"
+    if params is not None:
+        weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory = None
+        if memory and 4 * weight_bytes > memory:
+            return "scan"
+    return "unroll"
 
 
 def lm_logits(params, cfg: ModelConfig, hidden):
