@@ -98,7 +98,15 @@ def parse(argv):
                         "tables, plots and requests.jsonl show round 1")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.http:  # these steer the in-process dispatcher; serve.py does not take them
+        bad = [flag for flag, on in (("--repeats", args.repeats != 1),
+                                     ("--long-budget", args.long_budget is not None),
+                                     ("--decode-gap", args.decode_gap is not None),
+                                     ("--simulate", args.simulate)) if on]
+        if bad:
+            ap.error(f"{', '.join(bad)} cannot be combined with --http")
+    return args
 
 
 def main_http(args) -> int:
@@ -116,6 +124,10 @@ def main_http(args) -> int:
         serve_args += ["--threshold", str(args.threshold)]
     if args.profile:
         serve_args += ["--latency-profile", args.profile]
+    if e.layer_loop:
+        serve_args += ["--layer-loop", e.layer_loop]
+    if e.attention_backend:
+        serve_args += ["--attention-backend", e.attention_backend]
     from laps_jax.cli import builtin_model_dir
     from laps_jax.config import resolve_model
     spec = builtin_model_dir() if args.model == "builtin" else args.model
