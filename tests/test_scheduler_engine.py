@@ -70,10 +70,38 @@ async def test_every_mode_matches_one_at_a_time(engines, mode):
     for h in handles:
         got.append([ev.token_id async for ev in h])
     stats = [await h.result() for h in handles]
+    m = d.metrics()
     await d.stop()
     assert got == expected
     assert {s.pool for s in stats} == {SHORT, LONG}
     assert all(s.ttft is not None and s.ttft > 0 for s in stats)
+    if mode == "laps-spatial":  # every long prefill decoded in the short group, K/V copied over
+        long_done = sum(s.pool == LONG for s in stats)
+        assert m.lanes[0].counters.handoffs_in == long_done > 0
+        assert m.lanes[1].counters.decode_steps == 0
+        assert engines[0].kv.num_used == 0 and engines[1].kv.num_used == 0
+
+
+async def test_spatial_handoff_under_aborts_frees_pages_and_never_compiles(engines):
+    rng = random.Random(11)
+    d = _dispatcher(engines, "laps-spatial")
+    await d.start()  # compiles the page copies
+    before = jax_compile_events()
+    handles = []
+    for p in _prompts(5, 60):
+        h = d.submit(p, SamplingParams(max_tokens=rng.randint(1, 6)))
+        handles.append(h)
+        if rng.random() < 0.15:
+            asyncio.get_running_loop().call_later(rng.uniform(0, 0.03), h.abort)
+        await asyncio.sleep(rng.uniform(0, 0.003))
+    stats = [await h.result() for h in handles]
+    m = d.metrics()
+    await d.stop()
+    assert jax_compile_events() == before and m.compiles_after_warmup == 0
+    assert m.finished + m.aborted == 60 and m.failed == 0 and m.running == 0
+    assert m.lanes[0].counters.handoffs_in > 0
+    assert engines[0].kv.num_used == 0 and engines[1].kv.num_used == 0
+    assert all(s.finish_reason in ("length", "abort") for s in stats)
 
 
 async def test_no_compile_after_warmup_in_a_random_run_of_200(engines):

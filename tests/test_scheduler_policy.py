@@ -178,9 +178,11 @@ def test_classification_uses_new_tokens_after_the_prefix_match():
     assert s2.pool == SHORT and s2.cached_tokens >= 496 and s2.new_tokens <= 32
 
 
-def test_spatial_routes_by_length_and_by_where_the_history_is():
+@pytest.mark.parametrize("handoff", [True, False])
+def test_spatial_routes_by_length_and_by_where_the_history_is(handoff):
     async def main():
-        d, clock = _sim_dispatcher("laps-spatial", lanes=2)
+        d, clock = _sim_dispatcher("laps-spatial", lanes=2,
+                                   config=SchedulerConfig(threshold=64, kv_handoff=handoff))
         await d.start()
         a = d.submit(list(range(10, 40)), SamplingParams(max_tokens=2))
         b = d.submit(list(range(100, 700)), SamplingParams(max_tokens=4))
@@ -193,7 +195,11 @@ def test_spatial_routes_by_length_and_by_where_the_history_is():
     sa, sb, sc, m = run_simulated(main())
     assert (sa.lane, sa.pool) == ("short", SHORT)
     assert (sb.lane, sb.pool) == ("long", LONG)
-    assert (sc.lane, sc.pool) == ("long", SHORT)  # short turn, history cached in the long group
+    # a short follow-up turn goes where its history is cached: with the hand-off, b decoded in
+    # the short group, which then holds prompt + answer; without, the long group does
+    assert (sc.lane, sc.pool) == ("short" if handoff else "long", SHORT)
+    assert sc.cached_tokens >= 592
+    assert m.lanes[0].counters.handoffs_in == (1 if handoff else 0)
     assert [l.name for l in m.lanes] == ["short", "long"]
 
 

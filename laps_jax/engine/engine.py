@@ -15,6 +15,7 @@ import numpy as np
 from laps_jax.config import EngineConfig, ModelConfig
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
+from laps_jax.engine.kv_transfer import KVTransfer
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
 from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
 from laps_jax.models.qwen2 import default_layer_loop
@@ -63,6 +64,7 @@ class Engine(PagedSequences):
                                   layer_loop=ecfg.layer_loop or default_layer_loop(params))
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.transfer = KVTransfer(self.runner)  # KV hand-off (laps-spatial); compiled on demand
 
     def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
         self.runner.warmup(prompt_logprobs, progress)

@@ -15,9 +15,11 @@ executables and prefix cache), "laps" (temporal, one device group: the short poo
 waiting window first unless a long request has aged past it, long chunks between, a starvation
 bound on the long pool; work in each pool ordered by remaining tokens with aging; see policy.py),
 "laps-spatial" (two device groups running
-concurrently: `engine` serves the short pool, `long_engine` the long pool; each group decodes
-the requests it prefilled, so no KV moves between groups. A request goes to the group whose
-prefix cache holds more of its prompt when its new tokens are short, else to the long group).
+concurrently: `engine` serves the short pool and all decoding, `long_engine` the long pool; a
+request the long group prefilled hands its K/V to the short group and decodes there
+(`SchedulerConfig.kv_handoff`; executors without `export_kv`, e.g. simulated ones, and a full
+short group keep it where it was prefilled). A request goes to the group whose prefix cache
+holds more of its prompt when its new tokens are short, else to the long group).
 
 `engine` may be an `Engine` (run on a worker thread by `EngineExecutor`) or any
 `StepExecutor`, e.g. a `SimExecutor` with `clock=SimClock()` under `run_simulated`. `submit`
@@ -28,9 +30,11 @@ TTFT target in seconds: the short pool dispatches early rather than miss it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Sequence as Seq
 
 from laps_jax.engine.engine import Engine
+from laps_jax.engine.kv_cache import OutOfPages
 from laps_jax.engine.sequence import SamplingParams, Sequence
 from laps_jax.scheduler.clock import Clock, RealClock
 from laps_jax.scheduler.executor import EngineExecutor, StepExecutor
@@ -39,6 +43,9 @@ from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.metrics import SchedulerMetrics
 from laps_jax.scheduler.policy import MODES, SchedulerConfig, derive, make_planner
 from laps_jax.scheduler.request import Request, RequestHandle, RequestStats, new_request_id
+
+
+log = logging.getLogger(__name__)
 
 
 def _executor(x, name: str) -> StepExecutor:
@@ -65,6 +72,11 @@ class Dispatcher:
         self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
                            self.threshold, self._on_finish, self.derived.decode_gap_s)
                       for n, ex in zip(names, execs)]
+        self.handoff = (mode == "laps-spatial" and self.config.kv_handoff
+                        and all(hasattr(ex, "export_kv") for ex in execs))
+        if self.handoff:
+            self.lanes[1].handoff = self._start_handoff
+        self._moves: set[asyncio.Task] = set()
         self.live: dict[str, Request] = {}
         self.counts = {"submitted": 0, "finished": 0, "aborted": 0, "failed": 0}
         self._tasks: list[asyncio.Task] = []
@@ -72,6 +84,9 @@ class Dispatcher:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.handoff:  # compile the page copies now, never on the request path
+            for lane in self.lanes:
+                await lane.executor.warmup_transfer()
         self._tasks = [asyncio.ensure_future(lane.run()) for lane in self.lanes]
         self._accepting = True
 
@@ -81,10 +96,11 @@ class Dispatcher:
         if not drain:
             for r in list(self.live.values()):
                 self.abort(r)
-        for lane in self.lanes:
+        # the long lane first: its hand-offs land in the short lane, which must still be running
+        for lane, task in reversed(list(zip(self.lanes, self._tasks))):
             lane.stopping = True
             lane.wake.set()
-        await asyncio.gather(*self._tasks)
+            await task
         for lane in self.lanes:
             await lane.executor.close()
 
@@ -129,6 +145,49 @@ class Dispatcher:
         if len(prompt) - cached <= self.threshold(cached):
             return short if cs >= cl else long
         return long
+
+    # -- laps-spatial KV hand-off ---------------------------------------------------------
+    def _start_handoff(self, r: Request) -> bool:
+        src = self.lanes[1]
+        src.moving.add(r)
+        task = asyncio.ensure_future(self._handoff(r))
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
+        return True
+
+    async def _handoff(self, r: Request) -> None:
+        """Copies a long-prefilled request's K/V to the short group, which decodes it; if the
+        short group has no room (or the copy fails) it decodes where it was prefilled."""
+        src, dst = self.lanes[1], self.lanes[0]
+        new = None
+        try:
+            if not r.aborted:
+                data = await src.executor.export_kv(r.seq)
+                if not r.aborted:
+                    new = await dst.executor.import_kv(r.seq, data)
+        except OutOfPages:
+            new = None
+        except Exception:  # a failed copy must not lose the request
+            log.exception("KV hand-off of %s failed; decoding where it was prefilled",
+                          r.stats.request_id)
+            new = None
+        src.moving.discard(r)
+        src.wake.set()
+        if new is None:
+            if r.aborted:
+                await src.executor.release([r.seq], "abort")
+            else:
+                src.decoding.append(r)
+            return
+        old, r.seq.pages = r.seq.pages, new
+        await src.executor.release_pages(old)
+        r.lane = dst
+        if r.aborted:
+            await dst.executor.release([r.seq], "abort")
+            return
+        dst.counters.handoffs_in += 1
+        dst.decoding.append(r)
+        dst.wake.set()
 
     def _on_finish(self, r: Request) -> None:
         self.live.pop(r.stats.request_id, None)

@@ -21,6 +21,7 @@ from typing import Callable, Protocol, Sequence as Seq
 
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
+from laps_jax.engine.kv_transfer import export_sequence, import_sequence
 from laps_jax.engine.sequence import Sequence
 
 
@@ -146,6 +147,18 @@ class EngineExecutor:
         seqs = list(seqs)
         return await self._call(self._timed, "decode", self.engine.decode, seqs, len(seqs), 1,
                                 len(seqs))
+
+    async def warmup_transfer(self) -> None:
+        await self._call(self.engine.transfer.warmup)
+
+    async def export_kv(self, seq: Sequence):
+        return await self._call(export_sequence, self.engine, seq)
+
+    async def import_kv(self, seq: Sequence, data):
+        return await self._call(import_sequence, self.engine, seq, data)
+
+    async def release_pages(self, pages) -> None:
+        await self._call(self.engine.kv.release, pages)
 
     async def release(self, seqs: Seq[Sequence], reason: str) -> None:
         def run():

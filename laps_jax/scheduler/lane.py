@@ -34,6 +34,10 @@ class Lane:
         self.incoming: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
         self.inflight: set[Request] = set()
+        self.moving: set[Request] = set()  # prefilled here, K/V on its way to another lane
+        # laps-spatial: called with a request whose prefill finished here; True = it was taken
+        # elsewhere to decode (the dispatcher's KV hand-off)
+        self.handoff: Callable[[Request], bool] | None = None
         self.counters = LaneCounters()
         self.wake = asyncio.Event()
         self.stopping = False
@@ -58,7 +62,7 @@ class Lane:
         self.planner.remove(r)
         if r in self.decoding:
             self.decoding.remove(r)
-        if r not in self.inflight and r.seq.pages is not None:
+        if r not in self.inflight and r not in self.moving and r.seq.pages is not None:
             task = asyncio.ensure_future(self.executor.release([r.seq], "abort"))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -66,7 +70,7 @@ class Lane:
         self.wake.set()
 
     def has_work(self) -> bool:
-        return bool(self.incoming or self.decoding or self.inflight
+        return bool(self.incoming or self.decoding or self.inflight or self.moving
                     or any(self.planner.queue_lengths().values()))
 
     def metrics(self) -> LaneMetrics:
@@ -144,7 +148,7 @@ class Lane:
                 r.stats.prefill_done = now
                 self.planner.remove(r)
                 self._deliver(r, now)
-                if not r.seq.is_finished:
+                if not r.seq.is_finished and not (self.handoff and self.handoff(r)):
                     self.decoding.append(r)
         return info.seconds
 

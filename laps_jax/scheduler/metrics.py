@@ -21,6 +21,7 @@ class LaneCounters:
     decode_seconds: float = 0.0
     host_seconds: float = 0.0  # loop time around steps (admission, planning, thread hops)
     idle_waits: int = 0
+    handoffs_in: int = 0       # requests prefilled elsewhere whose K/V moved here to decode
     failed_steps: int = 0
 
     def record(self, info: StepInfo, pool: str = "") -> None:

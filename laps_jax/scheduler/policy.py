@@ -48,6 +48,8 @@ class SchedulerConfig:
                                           # "aging": it yields to a long request scoring lower
     order: str = "ratio"                  # in-pool order: "ratio" (response ratio) or "aging"
     fallback_threshold: int = 256         # used when there is no latency model
+    kv_handoff: bool = True               # laps-spatial: long prefills decode in the short
+                                          # group (K/V copied over); False: where prefilled
 
 
 @dataclasses.dataclass

@@ -113,6 +113,22 @@ class SimExecutor:
         for s in seqs:
             self.engine.release(s, reason)
 
+    # KV hand-off (laps-spatial): page accounting only; the copy itself is taken as free
+    async def warmup_transfer(self) -> None:
+        return None
+
+    async def export_kv(self, seq: Sequence) -> int:
+        return seq.num_computed
+
+    async def import_kv(self, seq: Sequence, num_tokens: int):
+        tokens = seq.token_slice(0, num_tokens)
+        pages = self.engine.kv.allocate(tokens)  # raises OutOfPages, changing nothing
+        self.engine.kv.commit(pages, tokens)
+        return pages
+
+    async def release_pages(self, pages) -> None:
+        self.engine.kv.release(pages)
+
     def stats(self) -> ExecutorStats:
         kv = self.engine.kv
         pad = 1 - self.real_tokens / self.bucket_tokens if self.bucket_tokens else 0.0
