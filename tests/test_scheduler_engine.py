@@ -82,21 +82,30 @@ async def test_every_mode_matches_one_at_a_time(engines, mode):
         assert engines[0].kv.num_used == 0 and engines[1].kv.num_used == 0
 
 
+async def _random_run(d, rng, prompts, params, abort_p, abort_s, gap_s):
+    """Submits every prompt at random gaps, aborting some at a random moment; waits for all,
+    stops the dispatcher; returns the requests' stats and the final metrics."""
+    handles = []
+    for p in prompts:
+        h = d.submit(p, params())
+        handles.append(h)
+        if rng.random() < abort_p:
+            asyncio.get_running_loop().call_later(rng.uniform(0, abort_s), h.abort)
+        await asyncio.sleep(rng.uniform(0, gap_s))
+    stats = [await h.result() for h in handles]
+    m = d.metrics()
+    await d.stop()
+    return stats, m
+
+
 async def test_spatial_handoff_under_aborts_frees_pages_and_never_compiles(engines):
     rng = random.Random(11)
     d = _dispatcher(engines, "laps-spatial")
     await d.start()  # compiles the page copies
     before = jax_compile_events()
-    handles = []
-    for p in _prompts(5, 60):
-        h = d.submit(p, SamplingParams(max_tokens=rng.randint(1, 6)))
-        handles.append(h)
-        if rng.random() < 0.15:
-            asyncio.get_running_loop().call_later(rng.uniform(0, 0.03), h.abort)
-        await asyncio.sleep(rng.uniform(0, 0.003))
-    stats = [await h.result() for h in handles]
-    m = d.metrics()
-    await d.stop()
+    stats, m = await _random_run(
+        d, rng, _prompts(5, 60), lambda: SamplingParams(max_tokens=rng.randint(1, 6)),
+        abort_p=0.15, abort_s=0.03, gap_s=0.003)
     assert jax_compile_events() == before and m.compiles_after_warmup == 0
     assert m.finished + m.aborted == 60 and m.failed == 0 and m.running == 0
     assert m.lanes[0].counters.handoffs_in > 0
@@ -110,17 +119,11 @@ async def test_no_compile_after_warmup_in_a_random_run_of_200(engines):
     steps_before = sum(engines[0].runner.stats.steps.values())
     d = _dispatcher(engines, "laps", window=WindowConfig(mode="adaptive", max_s=0.003))
     await d.start()
-    handles = []
-    for p in _prompts(2, 200):
-        h = d.submit(p[:400], SamplingParams(max_tokens=rng.randint(1, 5),
-                                             temperature=rng.choice([0.0, 0.8]), seed=1))
-        handles.append(h)
-        if rng.random() < 0.05:
-            asyncio.get_running_loop().call_later(rng.uniform(0, 0.05), h.abort)
-        await asyncio.sleep(rng.uniform(0, 0.004))
-    stats = [await h.result() for h in handles]
-    m = d.metrics()
-    await d.stop()
+    stats, m = await _random_run(
+        d, rng, [p[:400] for p in _prompts(2, 200)],
+        lambda: SamplingParams(max_tokens=rng.randint(1, 5),
+                               temperature=rng.choice([0.0, 0.8]), seed=1),
+        abort_p=0.05, abort_s=0.05, gap_s=0.004)
     assert m.compiles_after_warmup == 0
     assert jax_compile_events() == before
     assert m.finished + m.aborted == 200 and m.failed == 0 and m.running == 0
