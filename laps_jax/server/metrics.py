@@ -64,6 +64,11 @@ class _Live:
                             ("host", c.host_seconds)):
                 seconds.add_metric([lane.name, kind], v)
         yield seconds
+        moved = CounterMetricFamily("laps_kv_handoffs", "Requests whose K/V moved into this lane "
+                                    "to decode (laps-spatial)", labels=["lane"])
+        for lane in m.lanes:
+            moved.add_metric([lane.name], lane.counters.handoffs_in)
+        yield moved
         waits = CounterMetricFamily("laps_window_waits", "Short-pool waiting-window waits",
                                     labels=["lane"])
         for lane in m.lanes:
