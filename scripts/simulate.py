@@ -96,8 +96,9 @@ def parse(argv):
     v.add_argument("--profile-override", default=None,
                    help="latency model profile JSON (default: the one the run recorded)")
     v.add_argument("--calibrate", action="store_true",
-                   help="scale step times by the run's measured / simulated step seconds per "
-                        "mode (the machine's speed during that mode; not fitted to TTFT)")
+                   help="scale step times by the run's measured / simulated mean seconds per "
+                        "step, per mode (the machine's speed during that mode; not fitted to "
+                        "TTFT), and add the run's measured host time per step to every step")
     v.add_argument("--fit-overlap", action="store_true",
                    help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
                         "overlap of its two lanes on the shared CPU to its measured step seconds")

@@ -64,7 +64,9 @@ class Engine(PagedSequences):
                                   layer_loop=ecfg.layer_loop or default_layer_loop(params))
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.transfer = KVTransfer(self.runner)  # KV hand-off (laps-spatial); compiled on demand
+        # KV hand-off (laps-spatial): its copies compile in transfer.warmup(), which the
+        # dispatcher runs at start
+        self.transfer = KVTransfer(self.runner)
 
     def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
         self.runner.warmup(prompt_logprobs, progress)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laps_jax.engine.kv_cache import OutOfPages, SeqPages
+from laps_jax.engine.kv_cache import SeqPages
 from laps_jax.engine.sequence import Sequence
 
 
@@ -95,12 +95,11 @@ class KVTransfer:
         dst = list(pages[:data.num_pages])
         dst[:skip] = [0] * skip  # shared prefix pages hold the same tokens: do not touch them
         n = self.bucket(data.num_pages)
-        k, v = data.k, data.v
-        if k.shape[1] != n:  # exported under another bucket list (another engine)
-            pad = ((0, 0), (0, n - k.shape[1])) + ((0, 0),) * 3
-            k, v = jnp.pad(k[:, :n], pad), jnp.pad(v[:, :n], pad)
+        if data.k.shape[1] != n:
+            raise ValueError(f"K/V exported in a {data.k.shape[1]}-page bucket, this engine "
+                             f"copies {n}: both engines need the same max_model_len and page size")
         target = jax.tree.leaves(self.runner.k_cache)[0].sharding
-        k, v = jax.device_put((k, v), target)
+        k, v = jax.device_put((data.k, data.v), target)
         r = self.runner
         r.k_cache, r.v_cache = self._scatters[n](r.k_cache, r.v_cache, self._index(dst), k, v)
 
@@ -125,4 +124,4 @@ def import_sequence(engine, seq: Sequence, data: KVPages) -> SeqPages:
     return pages
 
 
-__all__ = ["KVPages", "KVTransfer", "OutOfPages", "export_sequence", "import_sequence"]
+__all__ = ["KVPages", "KVTransfer", "export_sequence", "import_sequence"]

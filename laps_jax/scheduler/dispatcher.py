@@ -72,9 +72,9 @@ class Dispatcher:
         self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
                            self.threshold, self._on_finish, self.derived.decode_gap_s)
                       for n, ex in zip(names, execs)]
-        self.handoff = (mode == "laps-spatial" and self.config.kv_handoff
-                        and all(hasattr(ex, "export_kv") for ex in execs))
-        if self.handoff:
+        self.kv_handoff = (mode == "laps-spatial" and self.config.kv_handoff
+                           and all(hasattr(ex, "export_kv") for ex in execs))
+        if self.kv_handoff:
             self.lanes[1].handoff = self._start_handoff
         self._moves: set[asyncio.Task] = set()
         self.live: dict[str, Request] = {}
@@ -84,7 +84,7 @@ class Dispatcher:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        if self.handoff:  # compile the page copies now, never on the request path
+        if self.kv_handoff:  # compile the page copies now, never on the request path
             for lane in self.lanes:
                 await lane.executor.warmup_transfer()
         self._tasks = [asyncio.ensure_future(lane.run()) for lane in self.lanes]
@@ -166,11 +166,10 @@ class Dispatcher:
                 if not r.aborted:
                     new = await dst.executor.import_kv(r.seq, data)
         except OutOfPages:
-            new = None
+            pass
         except Exception:  # a failed copy must not lose the request
             log.exception("KV hand-off of %s failed; decoding where it was prefilled",
                           r.stats.request_id)
-            new = None
         src.moving.discard(r)
         src.wake.set()
         if new is None:

@@ -37,11 +37,6 @@ class LaneCounters:
             hist = self.decode_batch_sizes
         hist[info.seqs] = hist.get(info.seqs, 0) + 1
 
-    @property
-    def host_seconds_per_step(self) -> float:
-        steps = self.prefill_steps + self.decode_steps
-        return self.host_seconds / steps if steps else 0.0
-
 
 @dataclasses.dataclass
 class LaneMetrics:

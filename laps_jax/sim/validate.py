@@ -200,7 +200,7 @@ def validate(vo: ValidationOptions) -> dict:
     model = (from_profile(vo.profile, run["model"]).model if vo.profile
              else LatencyModel.from_dict(run["latency_model"], cfg))
     rows, factors, overlap, host = [], {}, None, {}
-    base = vo
+    base = vo  # `vo` below: these options plus this mode's measured host overhead
     for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
         rs = real[mode]
         measured = step_seconds(comp["metrics"][mode]["lanes"])
