@@ -1,49 +1,73 @@
 #!/usr/bin/env python
-"""Times one layer of the XLA paged-attention path (the CPU default) at a prefill shape."""
+"""Times one layer of the XLA paged-attention path (the CPU default).
+
+Prefill (default): one sequence of --new tokens over --cached ones. Decode (--decode-contexts):
+one query per sequence over histories of the given lengths, the ragged decode path against the
+blocked path every other shape uses (which walks every row to the longest history), called
+alternately; the speedup is the median of the per-pair ratios.
+"""
 
 from __future__ import annotations
 
 import argparse
-import functools
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laps_jax.pallas_kernels import paged_attention_xla
+from laps_jax.pallas_kernels.xla_attention import (blocked_attention, paged_attention_xla,
+                                                   ragged_decode_attention)
+from laps_jax.timing import median_time, paired_times
+
+
+def paged_inputs(rng, q_lens: list[int], cached: list[int], heads: int, kv_heads: int,
+                 head_dim: int, ps: int):
+    """Random q and K/V caches, each sequence on its own shuffled pages (page 0 unused)."""
+    kv = [q + c for q, c in zip(q_lens, cached)]
+    per = max(-(-n // ps) for n in kv)
+    pages = 1 + per * len(kv)
+    shape = (1, pages, ps, kv_heads, head_dim)
+    k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    v = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((len(kv), max(q_lens), heads, head_dim)), jnp.float32)
+    table = jnp.asarray(1 + rng.permutation(pages - 1).reshape(len(kv), per), jnp.int32)
+    return q, k, v, jnp.asarray(q_lens, jnp.int32), jnp.asarray(cached, jnp.int32), table
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--new", type=int, default=2048, help="new tokens (one sequence)")
-    ap.add_argument("--cached", type=int, default=0, help="tokens already in the cache")
+    ap.add_argument("--new", type=int, default=2048, help="prefill: new tokens (one sequence)")
+    ap.add_argument("--cached", type=int, default=0, help="prefill: tokens already cached")
+    ap.add_argument("--decode-contexts", default=None,
+                    help="decode instead: comma-separated history lengths, one per sequence "
+                         "(e.g. 2000,300,300,300,300,300,300,300)")
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    ps, n = args.page_size, args.new + args.cached
-    pages = -(-n // ps)
     rng = np.random.default_rng(0)
-    shape = (1, pages + 1, ps, args.kv_heads, args.head_dim)
-    k = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-    v = jnp.asarray(rng.standard_normal(shape), jnp.float32)
-    q = jnp.asarray(rng.standard_normal((1, args.new, args.heads, args.head_dim)), jnp.float32)
-    table = jnp.arange(1, pages + 1, dtype=jnp.int32)[None]
-    fn = jax.jit(functools.partial(paged_attention_xla, scale=args.head_dim ** -0.5))
-    call = lambda: fn(q, k, v, 0, jnp.array([args.new]), jnp.array([args.cached]),
-                      table).block_until_ready()
-    call()
-    times = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
+    scale = args.head_dim ** -0.5
+    dims = (args.heads, args.kv_heads, args.head_dim, args.page_size)
+    if args.decode_contexts:
+        ctx = [int(x) for x in args.decode_contexts.split(",")]
+        inputs = paged_inputs(rng, [1] * len(ctx), [c - 1 for c in ctx], *dims)
+        run = lambda f: jax.jit(lambda q, k, v, ql, cl, pt: f(q, k, v, 0, ql, cl, pt, scale))
+        ragged, blocked = run(ragged_decode_attention), run(blocked_attention)
+        out_r, out_b = ragged(*inputs), blocked(*inputs)
+        err = float(jnp.abs(out_r - out_b).max())
+        t_r, t_b, speedup = paired_times(lambda: ragged(*inputs).block_until_ready(),
+                                         lambda: blocked(*inputs).block_until_ready(),
+                                         args.repeats)
+        print(f"decode, {len(ctx)} sequences, {sum(ctx)} history tokens (longest {max(ctx)}): "
+              f"ragged {1000 * t_r:.2f} ms, blocked {1000 * t_b:.2f} ms per layer; ragged "
+              f"{speedup:.2f}x faster (median of pairs); max |difference| {err:.1e}")
+        return 0
+    inputs = paged_inputs(rng, [args.new], [args.cached], *dims)
+    fn = jax.jit(lambda q, k, v, ql, cl, pt: paged_attention_xla(q, k, v, 0, ql, cl, pt, scale))
+    t = median_time(lambda: fn(*inputs).block_until_ready(), args.repeats)
     flops = 4 * args.heads * args.head_dim * args.new * (args.cached + args.new / 2)
     print(f"new {args.new} cached {args.cached}: {1000 * t:.1f} ms per layer, "
           f"{flops / t / 1e9:.1f} GFLOP/s (causal)")

@@ -14,33 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
 
-
-def median_time(fn, repeats: int) -> float:
-    return paired_times(fn, None, repeats)[0]
-
-
-def paired_times(fa, fb, repeats: int) -> tuple[float, float, float]:
-    """Median time of `fa` and of `fb`, called alternately so that the machine's noise hits both
-    alike, and the median of the per-pair ratios t_b / t_a (nan without `fb`)."""
-    fns = [f for f in (fa, fb) if f is not None]
-    for f in fns:
-        f()  # warm-up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for i, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f()
-            times[i].append(time.perf_counter() - t0)
-    if fb is None:
-        return statistics.median(times[0]), float("nan"), float("nan")
-    ratio = statistics.median(b / a for a, b in zip(*times))
-    return statistics.median(times[0]), statistics.median(times[1]), ratio
+from laps_jax.timing import median_time, paired_times
 
 
 def matmul_rate(n: int = 2048) -> float:
@@ -53,6 +31,38 @@ def matmul_rate(n: int = 2048) -> float:
     return 2 * n ** 3 / t / 1e9
 
 
+def time_decode(eng, hf, prompts: list[list[int]], steps: int) -> tuple[float, float, float]:
+    """One greedy decode step of the batch at a time, laps_jax and transformers alternately.
+    laps_jax keeps each sequence's own history (paged); transformers left-pads the batch to the
+    longest prompt with an attention mask, as its generate() does."""
+    import torch
+    from laps_jax.engine.sequence import SamplingParams, Sequence
+    seqs = [Sequence(p, SamplingParams(max_tokens=10 ** 6, ignore_eos=True)) for p in prompts]
+    for s in seqs:
+        eng.admit(s)
+        done = 0
+        while done < len(s.prompt):  # in chunks the engine compiled
+            n = min(eng.ecfg.max_chunk, len(s.prompt) - done)
+            eng.prefill([(s, n)])
+            done += n
+    width = max(map(len, prompts))
+    x = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        state = {"out": hf(x, attention_mask=mask, use_cache=True), "mask": mask}
+
+        def hf_step():
+            nxt = state["out"].logits[:, -1:].argmax(-1)
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(nxt)], 1)
+            state["out"] = hf(nxt, attention_mask=state["mask"],
+                              past_key_values=state["out"].past_key_values, use_cache=True)
+
+        result = paired_times(lambda: eng.decode(seqs), hf_step, steps)
+    for s in seqs:
+        eng.release(s)
+    return result
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="bench-cpu", help="preset to benchmark (random weights)")
@@ -60,6 +70,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-batches", default="1,8", help="decode batch sizes")
     ap.add_argument("--decode-context", type=int, default=128, help="prompt length before decode")
     ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--mixed-decode", default="2000,300,300,300,300,300,300,300",
+                    help="one more decode row over these history lengths (one per sequence; "
+                         "transformers pads them to the longest, as generate() does; '' to skip)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -82,9 +95,11 @@ def main(argv=None) -> int:
     hf = Qwen2ForCausalLM(Qwen2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")).eval()
     sd = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
     params = params_from_hf(sd.__getitem__, sd.__contains__, cfg)
-    ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + 8192, max_model_len=max(lengths) + 64,
-                        max_chunk=max(lengths), max_prefill_batch=1,
-                        max_decode_batch=max(batches))
+    mixed = [int(x) for x in args.mixed_decode.split(",")] if args.mixed_decode else []
+    longest = max(lengths + mixed + [args.decode_context]) + args.decode_steps + 64
+    ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + sum(mixed) + 8192,
+                        max_model_len=longest, max_chunk=max(lengths), max_prefill_batch=1,
+                        max_decode_batch=max(batches + [len(mixed)]))
     eng = Engine(cfg, params, ecfg)
     peak = matmul_rate()
     print(f"{args.model}: {cfg.num_params() / 1e6:.1f}M params; jax float32 matmul "
@@ -105,35 +120,19 @@ def main(argv=None) -> int:
                      "transformers_tok_s": n / t_hf, "speedup": speedup,
                      "laps_jax_gflops": flops / t_ours / 1e9,
                      "fraction_of_matmul_peak": flops / t_ours / 1e9 / peak})
-    ctx = args.decode_context
-    for b in batches:
-        prompts = [rng.integers(0, cfg.vocab_size, ctx).tolist() for _ in range(b)]
-        from laps_jax.engine.sequence import SamplingParams, Sequence
-        seqs = [Sequence(p, SamplingParams(max_tokens=10 ** 6, ignore_eos=True)) for p in prompts]
-        for s in seqs:
-            eng.admit(s)
-            eng.prefill([(s, ctx)])
-        x = torch.tensor(prompts)
-        with torch.no_grad():  # transformers: one greedy step at a time over its own KV cache
-            state = {"out": hf(x, use_cache=True)}
-
-            def hf_step():
-                nxt = state["out"].logits[:, -1:].argmax(-1)
-                state["out"] = hf(nxt, past_key_values=state["out"].past_key_values,
-                                  use_cache=True)
-
-            t_ours, t_hf, speedup = paired_times(lambda: eng.decode(seqs), hf_step,
-                                                 args.decode_steps)
-        for s in seqs:
-            eng.release(s)
-        rows.append({"phase": "decode", "batch": b, "context": ctx,
-                     "laps_jax_tok_s": b / t_ours, "transformers_tok_s": b / t_hf,
-                     "speedup": speedup})
+    for ctxs in [[args.decode_context] * b for b in batches] + ([mixed] if mixed else []):
+        prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in ctxs]
+        t_ours, t_hf, speedup = time_decode(eng, hf, prompts, args.decode_steps)
+        rows.append({"phase": "decode", "batch": len(ctxs), "context": ctxs[0] if
+                     len(set(ctxs)) == 1 else "+".join(map(str, ctxs)),
+                     "laps_jax_tok_s": len(ctxs) / t_ours,
+                     "transformers_tok_s": len(ctxs) / t_hf, "speedup": speedup})
     print(f"\n| phase | shape | laps_jax tok/s | transformers tok/s | speedup (median of pairs) "
           f"| laps_jax GFLOP/s "
           f"(% of {peak:.0f}) |\n|---|---|---|---|---|---|")
     for r in rows:
-        shape = f"{r['tokens']} tokens" if r["phase"] == "prefill" else f"batch {r['batch']} @ {ctx}"
+        shape = (f"{r['tokens']} tokens" if r["phase"] == "prefill"
+                 else f"batch {r['batch']} @ {r['context']}")
         g = (f"{r['laps_jax_gflops']:.0f} ({100 * r['fraction_of_matmul_peak']:.0f}%)"
              if "laps_jax_gflops" in r else "-")
         print(f"| {r['phase']} | {shape} | {r['laps_jax_tok_s']:.0f} | "

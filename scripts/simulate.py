@@ -98,7 +98,11 @@ def parse(argv):
     v.add_argument("--calibrate", action="store_true",
                    help="scale step times by the run's measured / simulated mean seconds per "
                         "step, per mode (the machine's speed during that mode; not fitted to "
-                        "TTFT), and add the run's measured host time per step to every step")
+                        "TTFT), add the run's measured host time per step to every step, and "
+                        "submit each request as late as the real replay did on average")
+    v.add_argument("--calibrate-by", choices=("kind", "step"), default="kind",
+                   help="with --calibrate: one factor per step kind, prefill and decode (kind, "
+                        "default) or one per mode over all steps (step)")
     v.add_argument("--fit-overlap", action="store_true",
                    help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
                         "overlap of its two lanes on the shared CPU to its measured step seconds")

@@ -63,6 +63,11 @@ DECODE = [
     Case("decode_bf16_g5", 10, 2, 128, 16, 32, (1, 0, 1), (60, 9, 0), T=1, splits=2,
          dtype="bfloat16"),
 ]
+# the XLA path's ragged decode: one long history among short ones, an empty slot, a 1-token one
+RAGGED_DECODE = [
+    Case("decode_ragged_one_long_g3", 6, 2, 64, 16, 32, (1, 1, 1, 0, 1, 1, 1, 1),
+         (300, 5, 0, 70, 64, 31, 40, 2), T=1),
+]
 
 
 def make_inputs(c: Case, seed: int = 0, poison: bool = False):
@@ -136,12 +141,22 @@ def test_decode_kernel(c: Case):
     check(c, fn(q, k, v, jnp.int32(LAYER), ql, cl, pt), reference(c, args))
 
 
-@pytest.mark.parametrize("c", PREFILL + DECODE, ids=lambda c: c.name)
+@pytest.mark.parametrize("c", PREFILL + DECODE + RAGGED_DECODE, ids=lambda c: c.name)
 def test_xla_path(c: Case):
     args = make_inputs(c)
     q, k, v, ql, cl, pt, scale = args
     fn = jax.jit(lambda *a: paged_attention_xla(*a, scale, block_tokens=c.block_k))
     check(c, fn(q, k, v, jnp.int32(LAYER), ql, cl, pt), reference(c, args))
+
+
+@pytest.mark.parametrize("c", [PREFILL[1], RAGGED_DECODE[0]], ids=lambda c: c.name)
+def test_xla_path_ignores_poisoned_slots(c: Case):
+    """As the kernels: NaN in slots no sequence owns must not reach any output."""
+    q, k, v, ql, cl, pt, scale = make_inputs(c, poison=True)
+    fn = jax.jit(lambda *a: paged_attention_xla(*a, scale, block_tokens=c.block_k))
+    out = fn(q, k, v, jnp.int32(LAYER), ql, cl, pt)
+    clean = (q, jnp.nan_to_num(k), jnp.nan_to_num(v), ql, cl, pt, scale)
+    check(c, out, reference(c, clean))
 
 
 @pytest.mark.parametrize("c", [PREFILL[1], DECODE[1]], ids=lambda c: c.name)

@@ -60,6 +60,19 @@ def test_padding_and_blocked_attention_cost_more():
     assert blocked.attn_flops > padded.attn_flops
 
 
+def test_cpu_decode_cost_follows_total_history_not_longest():
+    """The CPU decode path is ragged: one 2,000-token history among seven of 300 costs the
+    blocks present (8 + 7 x 2 = 22 items, 3 rounds of 8), where a prefill row walks to 2,000."""
+    ctx = (1999,) + (299,) * 7
+    ragged = step_cost(BENCH, 4, StepShape.bucketed((1,) * 8, ctx, 8, 1), kv_block=256)
+    uniform = step_cost(BENCH, 4, StepShape.bucketed((1,) * 8, (1999,) * 8, 8, 1), kv_block=256)
+    per_key = 4.0 * BENCH.num_layers * BENCH.num_heads * BENCH.head_dim
+    assert ragged.attn_flops == per_key * 8 * 3 * 256
+    assert uniform.attn_flops == per_key * 8 * 8 * 256
+    one = step_cost(BENCH, 4, StepShape.bucketed((1,), (1999,), 1, 1), kv_block=256)
+    assert one.attn_flops == per_key * 8 * 256  # batch 1 runs the blocked path
+
+
 def _synthetic(dev: DeviceSpec, n: int, seed: int):
     rng = random.Random(seed)
     m = LatencyModel(BENCH, 4, dev, kv_block=256)

@@ -7,6 +7,12 @@ axis. Queries are split into blocks (a sequential `lax.map`); each query block w
 in blocks with an online softmax inside a while loop whose trip count stops at the causal limit
 of that block, so an executable costs what the actual context costs (not the page table's
 capacity), long prefills skip the upper triangle, and score tiles stay cache-sized.
+
+Decode (one query per sequence) goes through `ragged_decode_attention` instead: a batch padded
+to its longest sequence would walk every row to the longest history (a 2,000-token conversation
+in a batch of 300-token ones made each row read 2,000 keys), so the work is split into
+(sequence, KV block) items, only as many as the histories hold, processed B at a time, and the
+items' partial softmax results are merged per sequence (flash-decoding's split-K combine).
 Layout: see reference.py.
 """
 
@@ -18,16 +24,86 @@ import jax.numpy as jnp
 NEG_INF = -1e30
 
 
+def _blocked_table(page_table, bp: int):
+    pad = (-page_table.shape[1]) % bp
+    return jnp.pad(page_table, ((0, 0), (0, pad))) if pad else page_table
+
+
+def ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
+                            scale: float, block_tokens: int = 256):
+    """One query per sequence (q: [B, 1, nq, hd]); work proportional to the tokens present."""
+    B, T, nq, hd = q.shape
+    ps, kvh = k_cache.shape[2], k_cache.shape[3]
+    g = nq // kvh
+    bp = max(1, block_tokens // ps)
+    kb = bp * ps
+    table = _blocked_table(page_table, bp)
+    nb_max = table.shape[1] // bp
+    table = table.reshape(B, nb_max, bp)
+    kv_lens = jnp.where(q_lens > 0, cached_lens + q_lens, 0)  # a padded slot reads nothing
+    blocks = (kv_lens + kb - 1) // kb                          # [B] items per sequence
+    ends = jnp.cumsum(blocks)
+    total = ends[-1]
+    cap = B * nb_max                                           # items at most (a multiple of B)
+    item = jnp.arange(cap)
+    item_seq = jnp.sum(item[:, None] >= ends[None, :], axis=1)  # items are sorted by sequence
+    item_seq = jnp.minimum(item_seq, B - 1)                    # items past the total: masked
+    item_blk = item - (ends - blocks)[item_seq]
+    qg = (q.astype(jnp.float32) * scale).reshape(B, kvh, g, hd)
+
+    def body(i, bufs):
+        m_buf, l_buf, acc_buf = bufs
+        idx = i * B + jnp.arange(B)
+        seq, blk = item_seq[idx], item_blk[idx]
+        pages = table[seq, blk]                                # [B items, bp]
+        k = k_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
+        v = v_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
+        k_pos = blk[:, None] * kb + jnp.arange(kb)[None, :]
+        live = (k_pos < kv_lens[seq][:, None]) & (idx < total)[:, None]  # [items, kb]
+        s = jnp.einsum("ckgd,cksd->ckgs", qg[seq], k.astype(jnp.float32))
+        s = jnp.where(live[:, None, None, :], s, NEG_INF)
+        m = s.max(-1)
+        p = jnp.where(live[:, None, None, :], jnp.exp(s - m[..., None]), 0.0)
+        v = jnp.where(live[:, None, :, None], v.astype(jnp.float32), 0.0)  # stale slots: any
+        acc = jnp.einsum("ckgs,cksd->ckgd", p, v)
+        put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, i * B, 0)
+        return put(m_buf, m), put(l_buf, p.sum(-1)), put(acc_buf, acc)
+
+    bufs = (jnp.full((cap, kvh, g), NEG_INF, jnp.float32), jnp.zeros((cap, kvh, g), jnp.float32),
+            jnp.zeros((cap, kvh, g, hd), jnp.float32))
+    m_buf, l_buf, acc_buf = jax.lax.fori_loop(0, (total + B - 1) // B, body, bufs)
+    # merge each sequence's items: rescale every partial to the sequence's maximum (one-hot
+    # reductions: a few KFLOP, cheaper on the CPU than segment scatters)
+    mine = (item_seq[:, None] == jnp.arange(B)[None, :]) & (item < total)[:, None]  # [cap, B]
+    m = jnp.where(mine[:, :, None, None], m_buf[:, None], NEG_INF).max(0)       # [B, kvh, g]
+    w = jnp.where(mine[:, :, None, None], jnp.exp(m_buf[:, None] - m[None]), 0.0)
+    l = jnp.einsum("cbkg,ckg->bkg", w, l_buf)
+    acc = jnp.einsum("cbkg,ckgd->bkgd", w, acc_buf)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    return out.reshape(B, 1, nq, hd).astype(q.dtype)
+
+
 def paged_attention_xla(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
                         scale: float, block_tokens: int = 256, q_block: int = 256):
+    """Decode of several sequences ragged, everything else (one sequence: nothing to gain) in
+    query blocks."""
+    if q.shape[1] == 1 and q.shape[0] > 1:
+        return ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens,
+                                       page_table, scale, block_tokens)
+    return blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table, scale,
+                             block_tokens, q_block)
+
+
+def blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
+                      scale: float, block_tokens: int = 256, q_block: int = 256):
+    """Query blocks x KV blocks with an online softmax; every row walks to the batch's
+    longest history."""
     B, T, nq, hd = q.shape
     ps, kvh = k_cache.shape[2], k_cache.shape[3]
     g = nq // kvh
     bp = max(1, block_tokens // ps)  # pages per KV block
     kb = bp * ps
-    pad = (-page_table.shape[1]) % bp
-    if pad:
-        page_table = jnp.pad(page_table, ((0, 0), (0, pad)))
+    page_table = _blocked_table(page_table, bp)
     kv_lens = cached_lens + q_lens
     rows = (q.astype(jnp.float32) * scale).reshape(B, T, kvh, g, hd)
     rows = rows.transpose(0, 2, 1, 3, 4).reshape(B, kvh, T * g, hd)

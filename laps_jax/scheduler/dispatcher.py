@@ -116,7 +116,8 @@ class Dispatcher:
             lane.executor.check(prompt, params.max_tokens)
         now = self.clock.now()
         arrival = now if arrival_time is None else arrival_time
-        stats = RequestStats(request_id or new_request_id(), arrival, len(prompt), slo_s=slo)
+        stats = RequestStats(request_id or new_request_id(), arrival, len(prompt), slo_s=slo,
+                             submitted=now)
         r = Request(Sequence(prompt, params), stats,
                     deadline=arrival + slo if slo is not None else float("inf"))
         r.handle = RequestHandle(r, self.abort)

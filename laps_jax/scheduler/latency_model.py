@@ -99,8 +99,10 @@ def _layer_linear_params(cfg: ModelConfig) -> int:
 
 
 def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int = 1) -> StepCost:
-    """FLOPs and bytes of a step. kv_block > 1: attention walks every row over the batch's
-    longest context in blocks of kv_block keys (the CPU XLA path); 1: exact per sequence."""
+    """FLOPs and bytes of a step. kv_block > 1: the CPU XLA path, in blocks of kv_block keys:
+    a prefill walks every row to the batch's longest context; a decode of several sequences
+    runs its (sequence, block) items `batch` at a time (ragged: as far as the mean context).
+    kv_block 1: exact per sequence."""
     lin = _layer_linear_params(cfg)
     h, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     rows_tokens = shape.batch * shape.tokens
@@ -108,8 +110,11 @@ def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int =
     kvb = cfg.kv_bytes_per_token(itemsize)
     per_qk = 4.0 * L * cfg.num_heads * cfg.head_dim  # QK^T and PV, per query per key
     if kv_block > 1:
-        kv = max(c + n for c, n in zip(shape.cached, shape.new))
-        kv = -(-kv // kv_block) * kv_block
+        blocks = [-(-(c + n) // kv_block) for n, c in zip(shape.new, shape.cached)]
+        if shape.tokens == 1 and shape.batch > 1:
+            kv = -(-sum(blocks) // shape.batch) * kv_block
+        else:
+            kv = max(blocks) * kv_block
         attn = per_qk * rows_tokens * kv
         kv_read = shape.batch * kv * kvb
         kv_write = rows_tokens * kvb

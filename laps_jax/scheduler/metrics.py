@@ -23,6 +23,9 @@ class LaneCounters:
     idle_waits: int = 0
     handoffs_in: int = 0       # requests prefilled elsewhere whose K/V moved here to decode
     failed_steps: int = 0
+    # "kind BxT" -> [steps, seconds, seconds^2]: how long and how steady each compiled shape ran
+    # (the simulator's validation takes the machine's step-time jitter from it)
+    bucket_seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def record(self, info: StepInfo, pool: str = "") -> None:
         if info.kind == "prefill":
@@ -36,6 +39,11 @@ class LaneCounters:
             self.decode_seconds += info.seconds
             hist = self.decode_batch_sizes
         hist[info.seqs] = hist.get(info.seqs, 0) + 1
+        acc = self.bucket_seconds.setdefault(f"{info.kind} {info.bucket[0]}x{info.bucket[1]}",
+                                             [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += info.seconds
+        acc[2] += info.seconds * info.seconds
 
 
 @dataclasses.dataclass

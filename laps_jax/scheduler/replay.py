@@ -6,6 +6,9 @@ turn k's prompt + the answer actually generated + the new input, so the prefix c
 multi-turn reuse. Arrival (and think) times are multiplied by `time_scale`. A request's TTFT SLO
 comes from `slo_fn(new_tokens, cached_tokens)`, with the new tokens the trace implies (session
 history and Mooncake blocks already seen count as cached), so it is the same in every mode.
+`late_s` submits each request that long after the arrival it is stamped with: a simulated replay
+uses it for the lateness a real one measures (`RequestStats.submitted - arrival`: timers of a
+busy event loop fire late).
 """
 
 from __future__ import annotations
@@ -72,12 +75,12 @@ def _params(max_tokens: int) -> SamplingParams:
 
 
 async def replay_open(dispatcher, reqs: list[OpenRequest], time_scale: float, slo_fn: SloFn,
-                      clock: Clock) -> list[RequestStats]:
+                      clock: Clock, late_s: float = 0.0) -> list[RequestStats]:
     start = clock.now()
     handles = []
     for r in reqs:
         t = start + r.arrival_s * time_scale
-        await clock.sleep(t - clock.now())
+        await clock.sleep(t + late_s - clock.now())
         handles.append(dispatcher.submit(
             r.prompt, _params(r.max_tokens), arrival_time=t, request_id=r.request_id,
             slo=slo_fn(r.new_tokens, len(r.prompt) - r.new_tokens)))
@@ -85,7 +88,8 @@ async def replay_open(dispatcher, reqs: list[OpenRequest], time_scale: float, sl
 
 
 async def _session(dispatcher, s: Session, trace: SessionTrace, start: float, time_scale: float,
-                   slo_fn: SloFn, clock: Clock, max_len: int) -> list[RequestStats]:
+                   slo_fn: SloFn, clock: Clock, max_len: int,
+                   late_s: float = 0.0) -> list[RequestStats]:
     out: list[RequestStats] = []
     prompt: list[int] | None = None
     answer: list[int] | None = None
@@ -97,7 +101,7 @@ async def _session(dispatcher, s: Session, trace: SessionTrace, start: float, ti
         n_out = max(1, turn.output_tokens)
         if len(prompt) + n_out > max_len:
             break  # the conversation outgrew the context: it ends here
-        await clock.sleep(t - clock.now())
+        await clock.sleep(t + late_s - clock.now())
         new = min(turn.new_input_tokens, len(prompt))
         h = dispatcher.submit(prompt, _params(n_out), arrival_time=t,
                               request_id=f"{s.session_id}/{k}",
@@ -108,8 +112,8 @@ async def _session(dispatcher, s: Session, trace: SessionTrace, start: float, ti
 
 
 async def replay_sessions(dispatcher, trace: SessionTrace, time_scale: float, slo_fn: SloFn,
-                          clock: Clock, max_len: int) -> list[RequestStats]:
+                          clock: Clock, max_len: int, late_s: float = 0.0) -> list[RequestStats]:
     start = clock.now()
     runs = await asyncio.gather(*(_session(dispatcher, s, trace, start, time_scale, slo_fn,
-                                           clock, max_len) for s in trace.sessions))
+                                           clock, max_len, late_s) for s in trace.sessions))
     return [st for run in runs for st in run]

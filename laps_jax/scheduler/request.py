@@ -43,6 +43,8 @@ class RequestStats:
     cached_tokens: int = 0
     pool: str = ""            # "short" or "long" by the threshold (in every mode)
     lane: str = ""
+    submitted: float | None = None  # when submit() ran (later than arrival if the caller's
+                                    # loop was late: a replay's timer, a busy event loop)
     admitted: float | None = None
     prefill_done: float | None = None
     first_token: float | None = None

@@ -9,7 +9,8 @@ model's step time) with two additions the simulator needs:
   slicing (no free lunch), 1 would be two independent devices, below 0 the two get in each
   other's way (thread oversubscription on a CPU).
 - `host_overhead_s`: a fixed cost per step outside the executable (the dispatcher's own work),
-  for calibrating against real runs.
+  and `kind_scale`: a speed factor per step kind ("prefill", "decode"), for calibrating against
+  real runs (a slow machine need not slow compute-bound prefill and overhead-bound decode alike).
 
 `FastGrid` is a `BucketGrid` that memoizes its bucket searches: the pools ask the same questions
 thousands of times per simulated second, and the answers never change.
@@ -111,9 +112,11 @@ class SimStepExecutor(SimExecutor):
     """`SimExecutor` that may share its device and pays a host overhead per step."""
 
     def __init__(self, engine: SimEngine, model: LatencyModel, clock: Clock, name: str = "sim",
-                 device: SharedDevice | None = None, host_overhead_s: float = 0.0):
+                 device: SharedDevice | None = None, host_overhead_s: float = 0.0,
+                 kind_scale: dict[str, float] | None = None):
         super().__init__(engine, model, clock, name)
         self.device, self.host_overhead_s = device, host_overhead_s
+        self.kind_scale = dict(kind_scale or {})
         self.busy_s = 0.0     # solo seconds of work executed (utilization)
         self.steps = 0
 
@@ -122,7 +125,7 @@ class SimStepExecutor(SimExecutor):
         self.bucket_steps[key] = self.bucket_steps.get(key, 0) + 1
         self.real_tokens += tokens if kind == "prefill" else 0
         self.bucket_tokens += shape.batch * shape.tokens if kind == "prefill" else 0
-        solo = self.model.predict(shape) + self.host_overhead_s
+        solo = self.model.predict(shape) * self.kind_scale.get(kind, 1.0) + self.host_overhead_s
         t0 = self.clock.now()
         if self.device is None:
             await self.clock.sleep(solo)

@@ -105,7 +105,7 @@ def write_report(rows: list[dict], meta: dict, out_dir: str, fig_dir: str | None
 def cmd_validate(args) -> int:
     vo = ValidationOptions(args.run_dir, args.profile_override, args.spatial_overlap,
                            args.host_overhead_ms * 1e-3, args.calibrate, args.fit_overlap,
-                           args.tolerance)
+                           args.tolerance, calibrate_by=args.calibrate_by)
     result = validate(vo)
     table = markdown(result)
     if args.repeat:

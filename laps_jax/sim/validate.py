@@ -42,6 +42,9 @@ class ValidationOptions:
     fit_overlap: bool = False         # laps-spatial: laps' speed factor + fitted lane overlap
     tolerance: float = 0.20
     min_samples: int = 5              # pools with fewer requests are shown, not judged
+    calibrate_by: str = "kind"        # "kind": a factor per step kind; "step": one per mode
+    kind_scale: dict[str, float] | None = None  # set by the calibration
+    submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
 
 
 def _percentiles(ttfts: list[float]) -> dict:
@@ -86,6 +89,36 @@ def num_steps(lanes: list[dict]) -> int:
     return sum(l["counters"]["prefill_steps"] + l["counters"]["decode_steps"] for l in lanes)
 
 
+KINDS = ("prefill", "decode")
+
+
+def kind_seconds_per_step(lanes: list[dict], kind: str) -> float | None:
+    steps = sum(l["counters"][f"{kind}_steps"] for l in lanes)
+    return sum(l["counters"][f"{kind}_seconds"] for l in lanes) / steps if steps else None
+
+
+def submit_lateness(rows: list[dict]) -> float | None:
+    """Mean seconds from a request's stamped arrival to its submit in a real run (None for runs
+    recorded before requests carried `submitted`)."""
+    late = [r["submitted"] - r["arrival"] for r in rows if r.get("submitted") is not None]
+    return float(np.mean(late)) if late else None
+
+
+def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOptions,
+                    real_lanes: list[dict]):
+    """A speed factor per step kind so that the simulated mean seconds per prefill step and per
+    decode step equal the real run's (host time per step is added on both sides)."""
+    scale = {k: 1.0 for k in KINDS}
+    stats, lanes = simulate_mode(mode, run, model, vo)
+    for _ in range(3):
+        for k in KINDS:
+            real, sim = kind_seconds_per_step(real_lanes, k), kind_seconds_per_step(lanes, k)
+            if real and sim and sim > vo.host_overhead_s:
+                scale[k] *= real / (sim - vo.host_overhead_s)
+        stats, lanes = simulate_mode(mode, run, model, dataclasses.replace(vo, kind_scale=scale))
+    return scale, stats, lanes
+
+
 def host_seconds_per_step(lanes: list[dict]) -> float | None:
     """The real lanes' loop time around steps (admission, planning, thread hops) per step;
     None for runs recorded before lanes counted it."""
@@ -122,7 +155,7 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
                                                   decode_gap_s=run.get("decode_gap_s", 0.0),
                                                   long_budget_tokens=run.get("long_budget_tokens")),
                         spatial_devices=1, spatial_overlap=vo.spatial_overlap,
-                        host_overhead_s=vo.host_overhead_s,
+                        host_overhead_s=vo.host_overhead_s, kind_scale=vo.kind_scale,
                         prefix_cache=ecfg.enable_prefix_cache)
 
     async def main():
@@ -130,9 +163,10 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
         d = build_dispatcher(spec, cfg, model, clock, mode, grid)
         await d.start()
         if isinstance(work, SessionTrace):
-            stats = await replay_sessions(d, work, o.time_scale, slo_fn, clock, max_len)
+            stats = await replay_sessions(d, work, o.time_scale, slo_fn, clock, max_len,
+                                          vo.submit_late_s)
         else:
-            stats = await replay_open(d, work, o.time_scale, slo_fn, clock)
+            stats = await replay_open(d, work, o.time_scale, slo_fn, clock, vo.submit_late_s)
         await d.stop(drain=True)
         return stats, [dataclasses.asdict(l) for l in d.metrics().lanes]
     return run_simulated(main())
@@ -199,7 +233,7 @@ def validate(vo: ValidationOptions) -> dict:
     cfg = PRESETS[run["model"]]
     model = (from_profile(vo.profile, run["model"]).model if vo.profile
              else LatencyModel.from_dict(run["latency_model"], cfg))
-    rows, factors, overlap, host = [], {}, None, {}
+    rows, factors, overlap, host, lateness = [], {}, None, {}, {}
     base = vo  # `vo` below: these options plus this mode's measured host overhead
     for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
         rs = real[mode]
@@ -210,28 +244,38 @@ def validate(vo: ValidationOptions) -> dict:
             vo = dataclasses.replace(base, host_overhead_s=h)
             measured += h * num_steps(comp["metrics"][mode]["lanes"])
             host[mode] = h
-        stats, lanes = simulate_mode(mode, run, model, vo)
-        if vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
+        late = submit_lateness(rs) if vo.calibrate else None
+        if late is not None:  # the real replay's timers fired this late on average
+            vo = dataclasses.replace(vo, submit_late_s=late)
+            lateness[mode] = late
+        if vo.calibrate and vo.calibrate_by == "kind" and mode != "laps-spatial":
+            f, stats, lanes = calibrate_kinds(mode, run, model, vo, comp["metrics"][mode]["lanes"])
+            factors[mode] = f
+        elif vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
             f = factors["laps"]  # the machine's speed as laps saw it; the sharing is fitted
-            overlap = fit_overlap(run, scaled(model, f), vo, measured)
-            stats, lanes = simulate_mode(mode, run, scaled(model, f),
-                                         dataclasses.replace(vo, spatial_overlap=overlap))
+            m, v = ((model, dataclasses.replace(vo, kind_scale=f)) if isinstance(f, dict)
+                    else (scaled(model, f), vo))
+            overlap = fit_overlap(run, m, v, measured)
+            stats, lanes = simulate_mode(mode, run, m, dataclasses.replace(v, spatial_overlap=overlap))
             factors[mode] = f
         elif vo.calibrate:  # the machine's speed during this mode, from its own step timings:
             # mean seconds per step, real over simulated (totals would let a simulation that
             # runs more, cheaper steps than the real one look calibrated)
+            stats, lanes = simulate_mode(mode, run, model, vo)
             real_mean = measured / max(1, num_steps(comp["metrics"][mode]["lanes"]))
             f = 1.0
             for _ in range(3):
                 f *= real_mean / (step_seconds(lanes) / max(1, num_steps(lanes)))
                 stats, lanes = simulate_mode(mode, run, scaled(model, f), vo)
             factors[mode] = f
+        else:
+            stats, lanes = simulate_mode(mode, run, model, vo)
         a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
         rows += [_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
     return {"run_dir": vo.run_dir, "options": dataclasses.asdict(vo), "rows": rows,
             **_summary(rows, vo.min_samples, vo.tolerance),
             "speed_factors": factors, "spatial_overlap_fitted": overlap,
-            "host_overhead_s": host,
+            "host_overhead_s": host, "submit_lateness_s": lateness,
             "others_cpu_share": {m: comp[m].get("others_cpu_share") for m in real},
             "run": {k: run.get(k) for k in ("model", "trace", "trace_format", "requests",
                                             "length_scale", "time_scale", "threshold",
