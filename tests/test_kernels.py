@@ -19,7 +19,8 @@ from laps_jax.pallas_kernels.decode_kernel import paged_decode_attention
 from laps_jax.pallas_kernels.dispatch import use_interpret
 from laps_jax.pallas_kernels.prefill_kernel import paged_prefill_attention
 from laps_jax.pallas_kernels.reference import paged_attention_reference
-from laps_jax.pallas_kernels.xla_attention import paged_attention_xla
+from laps_jax.pallas_kernels.xla_attention import (blocked_attention, paged_attention_xla,
+                                                   ragged_attention)
 
 LAYERS, LAYER = 2, 1  # read layer 1 so a wrong layer offset shows
 
@@ -63,7 +64,7 @@ DECODE = [
     Case("decode_bf16_g5", 10, 2, 128, 16, 32, (1, 0, 1), (60, 9, 0), T=1, splits=2,
          dtype="bfloat16"),
 ]
-# the XLA path's ragged decode: one long history among short ones, an empty slot, a 1-token one
+# the XLA path's ragged attention: one long history among short ones, an empty slot, a 1-token one
 RAGGED_DECODE = [
     Case("decode_ragged_one_long_g3", 6, 2, 64, 16, 32, (1, 1, 1, 0, 1, 1, 1, 1),
          (300, 5, 0, 70, 64, 31, 40, 2), T=1),
@@ -141,19 +142,31 @@ def test_decode_kernel(c: Case):
     check(c, fn(q, k, v, jnp.int32(LAYER), ql, cl, pt), reference(c, args))
 
 
+XLA_PATHS = {"dispatch": paged_attention_xla, "blocked": blocked_attention,
+             "ragged": ragged_attention}
+
+
+@pytest.mark.parametrize("path", XLA_PATHS)
 @pytest.mark.parametrize("c", PREFILL + DECODE + RAGGED_DECODE, ids=lambda c: c.name)
-def test_xla_path(c: Case):
+def test_xla_path(c: Case, path: str):
+    """Both XLA attention paths on every layout (the dispatch picks ragged for batches of
+    short rows, blocked for one sequence or long chunks); the blocked path gets query blocks
+    smaller than the rows, so it walks several."""
     args = make_inputs(c)
     q, k, v, ql, cl, pt, scale = args
-    fn = jax.jit(lambda *a: paged_attention_xla(*a, scale, block_tokens=c.block_k))
+    T = q.shape[1]
+    qb = next((d for d in (8, 4, 2) if T % d == 0 and d < T), T)
+    kw = {"q_block": qb} if path == "blocked" else {}
+    fn = jax.jit(lambda *a: XLA_PATHS[path](*a, scale, block_tokens=c.block_k, **kw))
     check(c, fn(q, k, v, jnp.int32(LAYER), ql, cl, pt), reference(c, args))
 
 
+@pytest.mark.parametrize("path", ["blocked", "ragged"])
 @pytest.mark.parametrize("c", [PREFILL[1], RAGGED_DECODE[0]], ids=lambda c: c.name)
-def test_xla_path_ignores_poisoned_slots(c: Case):
+def test_xla_path_ignores_poisoned_slots(c: Case, path: str):
     """As the kernels: NaN in slots no sequence owns must not reach any output."""
     q, k, v, ql, cl, pt, scale = make_inputs(c, poison=True)
-    fn = jax.jit(lambda *a: paged_attention_xla(*a, scale, block_tokens=c.block_k))
+    fn = jax.jit(lambda *a: XLA_PATHS[path](*a, scale, block_tokens=c.block_k))
     out = fn(q, k, v, jnp.int32(LAYER), ql, cl, pt)
     clean = (q, jnp.nan_to_num(k), jnp.nan_to_num(v), ql, cl, pt, scale)
     check(c, out, reference(c, clean))

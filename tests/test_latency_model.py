@@ -60,9 +60,9 @@ def test_padding_and_blocked_attention_cost_more():
     assert blocked.attn_flops > padded.attn_flops
 
 
-def test_cpu_decode_cost_follows_total_history_not_longest():
-    """The CPU decode path is ragged: one 2,000-token history among seven of 300 costs the
-    blocks present (8 + 7 x 2 = 22 items, 3 rounds of 8), where a prefill row walks to 2,000."""
+def test_cpu_batched_short_rows_cost_total_history_not_longest():
+    """The CPU path for batches of short rows is ragged: one 2,000-token history among seven of
+    300 costs the blocks present (8 + 7 x 2 = 22 items, 3 rounds of 8), not 8 x 2,000."""
     ctx = (1999,) + (299,) * 7
     ragged = step_cost(BENCH, 4, StepShape.bucketed((1,) * 8, ctx, 8, 1), kv_block=256)
     uniform = step_cost(BENCH, 4, StepShape.bucketed((1,) * 8, (1999,) * 8, 8, 1), kv_block=256)
@@ -71,6 +71,9 @@ def test_cpu_decode_cost_follows_total_history_not_longest():
     assert uniform.attn_flops == per_key * 8 * 8 * 256
     one = step_cost(BENCH, 4, StepShape.bucketed((1,), (1999,), 1, 1), kv_block=256)
     assert one.attn_flops == per_key * 8 * 256  # batch 1 runs the blocked path
+    # short re-prefills batch the same way: 16 new tokens per row over those histories
+    reprefill = step_cost(BENCH, 4, StepShape.bucketed((16,) * 8, ctx, 8, 16), kv_block=256)
+    assert reprefill.attn_flops == per_key * 8 * 16 * 3 * 256
 
 
 def _synthetic(dev: DeviceSpec, n: int, seed: int):

@@ -8,11 +8,13 @@ in blocks with an online softmax inside a while loop whose trip count stops at t
 of that block, so an executable costs what the actual context costs (not the page table's
 capacity), long prefills skip the upper triangle, and score tiles stay cache-sized.
 
-Decode (one query per sequence) goes through `ragged_decode_attention` instead: a batch padded
-to its longest sequence would walk every row to the longest history (a 2,000-token conversation
-in a batch of 300-token ones made each row read 2,000 keys), so the work is split into
-(sequence, KV block) items, only as many as the histories hold, processed B at a time, and the
-items' partial softmax results are merged per sequence (flash-decoding's split-K combine).
+A batch of several sequences whose new tokens fit one query block (every decode step, and the
+short pool's re-prefills over long histories) goes through `ragged_attention` instead: walking
+every row to the batch's longest history made a 2,000-token conversation in a batch of
+300-token ones cost 8 x 2,000 keys per step. There the work is split into (sequence, KV block)
+items, only as many as the histories hold, processed B at a time, and each round's partial
+softmax results are merged into their sequences' running ones (flash-decoding's split-K
+combine, done as the items come).
 Layout: see reference.py.
 """
 
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 NEG_INF = -1e30
+Q_BLOCK = 256  # query rows per block of the blocked path; batches of shorter rows go ragged
 
 
 def _blocked_table(page_table, bp: int):
@@ -29,9 +32,9 @@ def _blocked_table(page_table, bp: int):
     return jnp.pad(page_table, ((0, 0), (0, pad))) if pad else page_table
 
 
-def ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                            scale: float, block_tokens: int = 256):
-    """One query per sequence (q: [B, 1, nq, hd]); work proportional to the tokens present."""
+def ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
+                     scale: float, block_tokens: int = 256):
+    """All of q's rows as one query block; work proportional to the keys each sequence has."""
     B, T, nq, hd = q.shape
     ps, kvh = k_cache.shape[2], k_cache.shape[3]
     g = nq // kvh
@@ -49,10 +52,12 @@ def ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, pag
     item_seq = jnp.sum(item[:, None] >= ends[None, :], axis=1)  # items are sorted by sequence
     item_seq = jnp.minimum(item_seq, B - 1)                    # items past the total: masked
     item_blk = item - (ends - blocks)[item_seq]
-    qg = (q.astype(jnp.float32) * scale).reshape(B, kvh, g, hd)
+    R = T * g
+    rows = (q.astype(jnp.float32) * scale).reshape(B, T, kvh, g, hd)
+    rows = rows.transpose(0, 2, 1, 3, 4).reshape(B, kvh, R, hd)
+    q_pos = cached_lens[:, None] + jnp.arange(R)[None, :] // g  # [B, R]
 
-    def body(i, bufs):
-        m_buf, l_buf, acc_buf = bufs
+    def body(i, state):
         idx = i * B + jnp.arange(B)
         seq, blk = item_seq[idx], item_blk[idx]
         pages = table[seq, blk]                                # [B items, bp]
@@ -60,42 +65,44 @@ def ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, pag
         v = v_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
         k_pos = blk[:, None] * kb + jnp.arange(kb)[None, :]
         live = (k_pos < kv_lens[seq][:, None]) & (idx < total)[:, None]  # [items, kb]
-        s = jnp.einsum("ckgd,cksd->ckgs", qg[seq], k.astype(jnp.float32))
-        s = jnp.where(live[:, None, None, :], s, NEG_INF)
-        m = s.max(-1)
-        p = jnp.where(live[:, None, None, :], jnp.exp(s - m[..., None]), 0.0)
+        mask = (live[:, None, :] & (k_pos[:, None, :] <= q_pos[seq][:, :, None]))[:, None]
+        s = jnp.einsum("ckrd,cksd->ckrs", rows[seq], k.astype(jnp.float32))
+        s = jnp.where(mask, s, NEG_INF)
+        m = s.max(-1)                                          # [items, kvh, R]
+        p = jnp.where(mask, jnp.exp(s - m[..., None]), 0.0)
         v = jnp.where(live[:, None, :, None], v.astype(jnp.float32), 0.0)  # stale slots: any
-        acc = jnp.einsum("ckgs,cksd->ckgd", p, v)
-        put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, i * B, 0)
-        return put(m_buf, m), put(l_buf, p.sum(-1)), put(acc_buf, acc)
+        acc = jnp.einsum("ckrs,cksd->ckrd", p, v)
+        # merge the items into their sequences' running softmax (one-hot over [items, seqs]:
+        # a few KFLOP, cheaper on the CPU than segment scatters)
+        m_s, l_s, acc_s = state
+        mine = ((seq[:, None] == jnp.arange(B)[None, :]) & (idx < total)[:, None])[..., None, None]
+        m_new = jnp.maximum(m_s, jnp.where(mine, m[:, None], NEG_INF).max(0))
+        w = jnp.where(mine, jnp.exp(m[:, None] - m_new[None]), 0.0)  # [items, seqs, kvh, R]
+        alpha = jnp.exp(m_s - m_new)
+        return (m_new, l_s * alpha + jnp.einsum("cbkr,ckr->bkr", w, p.sum(-1)),
+                acc_s * alpha[..., None] + jnp.einsum("cbkr,ckrd->bkrd", w, acc))
 
-    bufs = (jnp.full((cap, kvh, g), NEG_INF, jnp.float32), jnp.zeros((cap, kvh, g), jnp.float32),
-            jnp.zeros((cap, kvh, g, hd), jnp.float32))
-    m_buf, l_buf, acc_buf = jax.lax.fori_loop(0, (total + B - 1) // B, body, bufs)
-    # merge each sequence's items: rescale every partial to the sequence's maximum (one-hot
-    # reductions: a few KFLOP, cheaper on the CPU than segment scatters)
-    mine = (item_seq[:, None] == jnp.arange(B)[None, :]) & (item < total)[:, None]  # [cap, B]
-    m = jnp.where(mine[:, :, None, None], m_buf[:, None], NEG_INF).max(0)       # [B, kvh, g]
-    w = jnp.where(mine[:, :, None, None], jnp.exp(m_buf[:, None] - m[None]), 0.0)
-    l = jnp.einsum("cbkg,ckg->bkg", w, l_buf)
-    acc = jnp.einsum("cbkg,ckgd->bkgd", w, acc_buf)
-    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-    return out.reshape(B, 1, nq, hd).astype(q.dtype)
+    init = (jnp.full((B, kvh, R), NEG_INF, jnp.float32), jnp.zeros((B, kvh, R), jnp.float32),
+            jnp.zeros((B, kvh, R, hd), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, (total + B - 1) // B, body, init)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]                            # [B, kvh, R, hd]
+    out = out.reshape(B, kvh, T, g, hd).transpose(0, 2, 1, 3, 4)
+    return out.reshape(B, T, nq, hd).astype(q.dtype)
 
 
 def paged_attention_xla(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                        scale: float, block_tokens: int = 256, q_block: int = 256):
-    """Decode of several sequences ragged, everything else (one sequence: nothing to gain) in
-    query blocks."""
-    if q.shape[1] == 1 and q.shape[0] > 1:
-        return ragged_decode_attention(q, k_cache, v_cache, layer, q_lens, cached_lens,
-                                       page_table, scale, block_tokens)
+                        scale: float, block_tokens: int = 256, q_block: int = Q_BLOCK):
+    """Several sequences of at most one query block each ragged; the rest (one sequence:
+    nothing to gain; long chunks: the causal skip of query blocks) blocked."""
+    if q.shape[0] > 1 and q.shape[1] <= q_block:
+        return ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
+                                scale, block_tokens)
     return blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table, scale,
                              block_tokens, q_block)
 
 
 def blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                      scale: float, block_tokens: int = 256, q_block: int = 256):
+                      scale: float, block_tokens: int = 256, q_block: int = Q_BLOCK):
     """Query blocks x KV blocks with an online softmax; every row walks to the batch's
     longest history."""
     B, T, nq, hd = q.shape

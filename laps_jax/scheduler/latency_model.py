@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from laps_jax.config import ModelConfig
+from laps_jax.pallas_kernels.xla_attention import Q_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +101,9 @@ def _layer_linear_params(cfg: ModelConfig) -> int:
 
 def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int = 1) -> StepCost:
     """FLOPs and bytes of a step. kv_block > 1: the CPU XLA path, in blocks of kv_block keys:
-    a prefill walks every row to the batch's longest context; a decode of several sequences
-    runs its (sequence, block) items `batch` at a time (ragged: as far as the mean context).
-    kv_block 1: exact per sequence."""
+    one sequence, or rows longer than a query block, walk every row to the batch's longest
+    context; several shorter rows (decode, short re-prefills) run their (sequence, block) items
+    `batch` at a time (ragged: as far as the mean context). kv_block 1: exact per sequence."""
     lin = _layer_linear_params(cfg)
     h, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     rows_tokens = shape.batch * shape.tokens
@@ -111,7 +112,7 @@ def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int =
     per_qk = 4.0 * L * cfg.num_heads * cfg.head_dim  # QK^T and PV, per query per key
     if kv_block > 1:
         blocks = [-(-(c + n) // kv_block) for n, c in zip(shape.new, shape.cached)]
-        if shape.tokens == 1 and shape.batch > 1:
+        if shape.batch > 1 and shape.tokens <= Q_BLOCK:
             kv = -(-sum(blocks) // shape.batch) * kv_block
         else:
             kv = max(blocks) * kv_block
