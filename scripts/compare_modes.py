@@ -95,7 +95,7 @@ def parse(argv):
     s.add_argument("--repeats", type=int, default=1,
                    help="run every mode this many times on the same arrivals (order alternating "
                         "each round) and report the median of the per-round laps/mixed ratios; "
-                        "tables, plots and requests.jsonl show round 1")
+                        "tables and plots show round 1; requests.jsonl holds every round")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
     args = ap.parse_args(argv)

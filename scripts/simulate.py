@@ -100,9 +100,17 @@ def parse(argv):
                         "step, per mode (the machine's speed during that mode; not fitted to "
                         "TTFT), add the run's measured host time per step to every step, and "
                         "submit each request as late as the real replay did on average")
-    v.add_argument("--calibrate-by", choices=("kind", "step"), default="kind",
+    v.add_argument("--calibrate-by", choices=("bucket", "kind", "step"), default="kind",
                    help="with --calibrate: one factor per step kind, prefill and decode (kind, "
-                        "default) or one per mode over all steps (step)")
+                        "default), per compiled shape the run ran 5+ times and else per kind "
+                        "(bucket), or one per mode over all steps (step)")
+    v.add_argument("--no-jitter", action="store_true",
+                   help="with --calibrate-by kind/bucket: leave out the run's measured step jitter")
+    v.add_argument("--round", type=int, default=1,
+                   help="which round of a compare_modes --repeats run to predict (1)")
+    v.add_argument("--all-rounds", action="store_true",
+                   help="predict every round the run kept, and show each real round against "
+                        "the next (the noise floor)")
     v.add_argument("--fit-overlap", action="store_true",
                    help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
                         "overlap of its two lanes on the shared CPU to its measured step seconds")

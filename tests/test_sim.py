@@ -268,3 +268,38 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
     want = out["rounds"][0]["laps"]["ttft_ms_p90"] / out["rounds"][0]["mixed"]["ttft_ms_p90"]
     assert out["ratio"]["ttft_ms_p90"] == pytest.approx(want)
     assert os.path.exists(tmp_path / "comparison.json")
+
+
+# -- calibration against real runs (validation) --------------------------------------------------
+def test_calibration_scales_each_kind_and_its_jitter_is_seeded():
+    from laps_jax.sim.executor import Calibration
+    inst = spec("mixed")
+    inst.calibration = Calibration(scale={"prefill": 2.0})
+    (st,) = replay(inst, [(0.0, 20)])
+    assert st.ttft == pytest.approx(2.0 * step([20], 32))  # decode would not be scaled
+    inst.calibration = Calibration(scale={"prefill": 2.0}, jitter={"prefill": 0.5}, seed=3)
+    arrivals = [(0.5 * i, 20) for i in range(40)]           # one isolated step each
+    a = [s.ttft for s in replay(inst, arrivals)]
+    assert a == [s.ttft for s in replay(inst, arrivals)]    # same seed, same draws
+    ratios = [t / (2.0 * step([20], 32)) for t in a]
+    assert len(set(ratios)) == len(ratios)                  # every step drawn anew
+    assert 0.75 < sum(ratios) / len(ratios) < 1.25           # mean 1 (CV 0.5, 40 draws)
+    inst.calibration = Calibration(scale={"prefill": 2.0}, jitter={"prefill": 0.5}, seed=4)
+    assert [s.ttft for s in replay(inst, arrivals)] != a
+
+
+def test_step_jitter_is_the_real_spread_the_simulation_lacks():
+    from laps_jax.sim.validate import step_jitter
+
+    def lanes(*buckets):  # (key, [step seconds ...]) -> lanes as comparison.json holds them
+        acc = {k: [len(ts), sum(ts), sum(t * t for t in ts)] for k, ts in buckets}
+        return [{"counters": {"bucket_seconds": acc}}]
+    real = lanes(("decode 8x1", [1.0, 3.0] * 5), ("decode 1x1", [2.0] * 10),
+                 ("prefill 1x16", [1.0, 3.0] * 5))
+    # decode 8x1: CV 0.5 real, 0 simulated; decode 1x1: steady in both -> sqrt(0.25 / 2)
+    sim = lanes(("decode 8x1", [2.0] * 10), ("decode 1x1", [2.0] * 10))
+    assert step_jitter(real, sim, "decode") == pytest.approx((0.25 / 2) ** 0.5)
+    # the simulation's own spread (contexts differing within a shape) is not added twice
+    assert step_jitter(real, lanes(("decode 8x1", [1.0, 3.0] * 5)), "decode") == 0.0
+    assert step_jitter(real, sim, "prefill") == pytest.approx(0.5)
+    assert step_jitter([{"counters": {}}], sim, "decode") == 0.0  # older runs: none recorded

@@ -240,10 +240,12 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             f"{natural_rate(arrivals):.2f}/s -> time scale {time_scale:.3f}")
 
     results, per_mode, metrics, rounds = {}, {}, {}, []
+    every: list[tuple[int, str, list]] = []  # (round, mode, stats) of every round
+    round_metrics: list[dict] = []
     for rnd in range(max(1, o.repeats)):
         # later rounds alternate the order, so drift in the machine's speed hits every mode
         order = list(o.modes) if rnd % 2 == 0 else list(reversed(o.modes))
-        summary = {}
+        summary, round_metrics_now = {}, {}
         for mode in order:
             t0 = time.perf_counter()
             with CpuMeter() as cpu:
@@ -251,14 +253,17 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             r = summary[mode] = report.summarize(stats)
             r["wall_s"] = time.perf_counter() - t0
             r["others_cpu_share"] = None if o.simulate else cpu.others
+            every.append((rnd + 1, mode, stats))
+            round_metrics_now[mode] = m.to_dict()
             if rnd == 0:
-                per_mode[mode], metrics[mode], results[mode] = stats, m.to_dict(), r
+                per_mode[mode], metrics[mode], results[mode] = stats, round_metrics_now[mode], r
             busy = "" if o.simulate else (f"; other processes used {100 * cpu.others:.0f}% "
                                           "of the CPU meanwhile")
             tag = f"round {rnd + 1}: " if o.repeats > 1 else ""
             log(f"{tag}{mode}: {len(stats)} requests in {r['wall_s']:.0f} s, TTFT p50 "
                 f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
         rounds.append(summary)
+        round_metrics.append(round_metrics_now)
     results = {m: results[m] for m in o.modes}
 
     ratios = {}
@@ -291,6 +296,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     out["metrics"] = metrics
     if len(rounds) > 1:  # every round's summaries; `ratio` above is the median over rounds
         out["rounds"] = rounds
+        out["metrics_rounds"] = round_metrics
         out["run"]["repeats"] = len(rounds)
     with open(os.path.join(o.output_dir, "comparison.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)
@@ -301,9 +307,9 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
                     "ratios (every round in comparison.json, `rounds`).\n\n")
         f.write(report.markdown(results, {k + label: v for k, v in ratios.items()}))
     with open(os.path.join(o.output_dir, "requests.jsonl"), "w") as f:
-        for mode, stats in per_mode.items():
+        for rnd, mode, stats in every:
             for s in stats:
-                f.write(json.dumps({"mode": mode, **s.to_dict()}) + "\n")
+                f.write(json.dumps({"mode": mode, "round": rnd, **s.to_dict()}) + "\n")
     title = os.path.basename(o.trace)
     try:
         report.plot(per_mode, os.path.join(o.output_dir, "ttft_cdf.png"),

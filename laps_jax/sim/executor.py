@@ -9,8 +9,9 @@ model's step time) with two additions the simulator needs:
   slicing (no free lunch), 1 would be two independent devices, below 0 the two get in each
   other's way (thread oversubscription on a CPU).
 - `host_overhead_s`: a fixed cost per step outside the executable (the dispatcher's own work),
-  and `kind_scale`: a speed factor per step kind ("prefill", "decode"), for calibrating against
-  real runs (a slow machine need not slow compute-bound prefill and overhead-bound decode alike).
+  and a `Calibration`: a speed factor and a jitter per step kind ("prefill", "decode"), for
+  predicting real runs (a slow machine need not slow compute-bound prefill and overhead-bound
+  decode alike; and a real step is not always as long as the last one of its shape).
 
 `FastGrid` is a `BucketGrid` that memoizes its bucket searches: the pools ask the same questions
 thousands of times per simulated second, and the answers never change.
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
+import random
 
 from laps_jax.engine.executables import Bucket, BucketGrid
 from laps_jax.scheduler.clock import Clock
@@ -108,15 +111,28 @@ class SharedDevice:
         await fut
 
 
+@dataclasses.dataclass
+class Calibration:
+    """How a real machine's steps differ from the latency model: `scale` x the predicted time,
+    by compiled shape ("decode 8x1") or else by step kind ("decode"), times a lognormal factor
+    of mean 1 whose coefficient of variation is `jitter[kind]` (drawn from a generator seeded by
+    `seed` and the executor's name: deterministic)."""
+
+    scale: dict[str, float] = dataclasses.field(default_factory=dict)
+    jitter: dict[str, float] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+
+
 class SimStepExecutor(SimExecutor):
     """`SimExecutor` that may share its device and pays a host overhead per step."""
 
     def __init__(self, engine: SimEngine, model: LatencyModel, clock: Clock, name: str = "sim",
                  device: SharedDevice | None = None, host_overhead_s: float = 0.0,
-                 kind_scale: dict[str, float] | None = None):
+                 calibration: Calibration | None = None):
         super().__init__(engine, model, clock, name)
         self.device, self.host_overhead_s = device, host_overhead_s
-        self.kind_scale = dict(kind_scale or {})
+        self.cal = calibration or Calibration()
+        self._rng = random.Random(f"{self.cal.seed}/{name}")
         self.busy_s = 0.0     # solo seconds of work executed (utilization)
         self.steps = 0
 
@@ -125,7 +141,7 @@ class SimStepExecutor(SimExecutor):
         self.bucket_steps[key] = self.bucket_steps.get(key, 0) + 1
         self.real_tokens += tokens if kind == "prefill" else 0
         self.bucket_tokens += shape.batch * shape.tokens if kind == "prefill" else 0
-        solo = self.model.predict(shape) * self.kind_scale.get(kind, 1.0) + self.host_overhead_s
+        solo = self.model.predict(shape) * self._factor(kind, key) + self.host_overhead_s
         t0 = self.clock.now()
         if self.device is None:
             await self.clock.sleep(solo)
@@ -135,3 +151,11 @@ class SimStepExecutor(SimExecutor):
         self.steps += 1
         return StepInfo(kind, len(shape.new), tokens, (shape.batch, shape.tokens),
                         self.clock.now() - t0)
+
+    def _factor(self, kind: str, bucket: str) -> float:
+        f = self.cal.scale.get(f"{kind} {bucket}", self.cal.scale.get(kind, 1.0))
+        cv = self.cal.jitter.get(kind, 0.0)
+        if cv > 0:
+            var = math.log1p(cv * cv)
+            f *= math.exp(self._rng.gauss(-var / 2, math.sqrt(var)))
+        return f

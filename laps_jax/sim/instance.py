@@ -19,7 +19,7 @@ from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import MODES, SchedulerConfig
 from laps_jax.scheduler.sim_executor import SimEngine
-from laps_jax.sim.executor import FastGrid, SharedDevice, SimStepExecutor
+from laps_jax.sim.executor import Calibration, FastGrid, SharedDevice, SimStepExecutor
 
 
 @dataclasses.dataclass
@@ -57,7 +57,7 @@ class InstanceSpec:
     spatial_devices: int = 1      # laps-spatial: 1 = both lanes share one device, 2 = one each
     spatial_overlap: float = 0.0  # shared device: extra throughput when both lanes run (0..1)
     host_overhead_s: float = 0.0  # per step, outside the latency model
-    kind_scale: dict[str, float] | None = None  # step time x this per kind (calibration)
+    calibration: Calibration | None = None  # per step kind: speed factor and jitter
     prefix_cache: bool = True
 
     def __post_init__(self) -> None:
@@ -84,7 +84,7 @@ def build_dispatcher(spec: InstanceSpec, cfg: ModelConfig, model: LatencyModel, 
         engine = SimEngine(grid, pages, spec.page_size, spec.max_model_len, cfg.vocab_size,
                            spec.prefix_cache)
         return SimStepExecutor(engine, model, clock, f"{name}/{lane}", shared,
-                               spec.host_overhead_s, spec.kind_scale)
+                               spec.host_overhead_s, spec.calibration)
 
     long = executor("long") if spec.mode == "laps-spatial" else None
     return Dispatcher(executor("short" if long else spec.mode), spec.mode, spec.scheduler,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import numpy as np
@@ -24,7 +25,7 @@ from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
 from laps_jax.scheduler.window import WindowConfig
-from laps_jax.sim.executor import FastGrid
+from laps_jax.sim.executor import Calibration, FastGrid
 from laps_jax.sim.hardware import from_profile
 from laps_jax.sim.instance import InstanceSpec, build_dispatcher
 from laps_jax.workload.sessions import SessionTrace
@@ -42,8 +43,11 @@ class ValidationOptions:
     fit_overlap: bool = False         # laps-spatial: laps' speed factor + fitted lane overlap
     tolerance: float = 0.20
     min_samples: int = 5              # pools with fewer requests are shown, not judged
-    calibrate_by: str = "kind"        # "kind": a factor per step kind; "step": one per mode
-    kind_scale: dict[str, float] | None = None  # set by the calibration
+    round: int = 1                    # which round of a --repeats run to predict
+    calibrate_by: str = "kind"        # "bucket": a factor per compiled shape (else per kind);
+                                      # "kind": per step kind; "step": one per mode
+    calibration: Calibration | None = None  # set by the calibration (speed, jitter per kind)
+    jitter: bool = True               # with calibrate_by="kind": the real run's step jitter too
     submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
 
 
@@ -104,19 +108,67 @@ def submit_lateness(rows: list[dict]) -> float | None:
     return float(np.mean(late)) if late else None
 
 
+def bucket_seconds_per_step(lanes: list[dict], min_steps: int = 5) -> dict[str, float]:
+    """Mean seconds per step of each compiled shape ("decode 8x1") run at least min_steps times."""
+    acc: dict[str, list[float]] = {}
+    for l in lanes:
+        for key, (n, s1, _) in l["counters"].get("bucket_seconds", {}).items():
+            a = acc.setdefault(key, [0, 0.0])
+            a[0], a[1] = a[0] + n, a[1] + s1
+    return {k: s1 / n for k, (n, s1) in acc.items() if n >= min_steps}
+
+
 def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOptions,
                     real_lanes: list[dict]):
-    """A speed factor per step kind so that the simulated mean seconds per prefill step and per
-    decode step equal the real run's (host time per step is added on both sides)."""
+    """Speed factors so that the simulated mean seconds per prefill step and per decode step
+    equal the real run's (host time per step is added on both sides) -- with calibrate_by
+    "bucket", per compiled shape the real run ran often enough too."""
     scale = {k: 1.0 for k in KINDS}
     stats, lanes = simulate_mode(mode, run, model, vo)
     for _ in range(3):
-        for k in KINDS:
-            real, sim = kind_seconds_per_step(real_lanes, k), kind_seconds_per_step(lanes, k)
+        real_b, sim_b = bucket_seconds_per_step(real_lanes), bucket_seconds_per_step(lanes, 1)
+        pairs = [(k, kind_seconds_per_step(real_lanes, k), kind_seconds_per_step(lanes, k))
+                 for k in KINDS]
+        if vo.calibrate_by == "bucket":
+            pairs += [(k, t, sim_b.get(k)) for k, t in real_b.items()]
+            scale.update({k: scale[k.split()[0]] for k in real_b if k not in scale})
+        for k, real, sim in pairs:
             if real and sim and sim > vo.host_overhead_s:
                 scale[k] *= real / (sim - vo.host_overhead_s)
-        stats, lanes = simulate_mode(mode, run, model, dataclasses.replace(vo, kind_scale=scale))
-    return scale, stats, lanes
+        cal = Calibration(dict(scale))
+        stats, lanes = simulate_mode(mode, run, model, dataclasses.replace(vo, calibration=cal))
+    if vo.jitter:
+        cal.jitter = {k: step_jitter(real_lanes, lanes, k) for k in KINDS}
+        stats, lanes = simulate_mode(mode, run, model, dataclasses.replace(vo, calibration=cal))
+    return cal, stats, lanes
+
+
+def _bucket_cv2(lanes: list[dict], kind: str) -> dict[str, tuple[int, float]]:
+    """Per compiled shape of one kind: (steps, squared coefficient of variation of its time)."""
+    acc: dict[str, list[float]] = {}
+    for l in lanes:
+        for key, (n, s1, s2) in l["counters"].get("bucket_seconds", {}).items():
+            if key.startswith(kind + " "):
+                a = acc.setdefault(key, [0, 0.0, 0.0])
+                a[0], a[1], a[2] = a[0] + n, a[1] + s1, a[2] + s2
+    out = {}
+    for key, (n, s1, s2) in acc.items():
+        mean = s1 / n
+        out[key] = (int(n), max(0.0, s2 / n - mean * mean) / (mean * mean) if mean > 0 else 0.0)
+    return out
+
+
+def step_jitter(real_lanes: list[dict], sim_lanes: list[dict], kind: str,
+                min_steps: int = 5) -> float:
+    """The real run's step-to-step spread that the simulation does not already have: per
+    shape, the real squared coefficient of variation of step time less the simulated one (which
+    comes from contexts differing within a shape), averaged over steps; 0 for runs recorded
+    before lanes kept per-shape times."""
+    real, sim = _bucket_cv2(real_lanes, kind), _bucket_cv2(sim_lanes, kind)
+    pairs = [(n, max(0.0, cv2 - sim.get(key, (0, 0.0))[1]))
+             for key, (n, cv2) in real.items() if n >= min_steps]
+    steps = sum(n for n, _ in pairs)
+    return math.sqrt(sum(n * x for n, x in pairs) / steps) if steps else 0.0
 
 
 def host_seconds_per_step(lanes: list[dict]) -> float | None:
@@ -155,7 +207,7 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
                                                   decode_gap_s=run.get("decode_gap_s", 0.0),
                                                   long_budget_tokens=run.get("long_budget_tokens")),
                         spatial_devices=1, spatial_overlap=vo.spatial_overlap,
-                        host_overhead_s=vo.host_overhead_s, kind_scale=vo.kind_scale,
+                        host_overhead_s=vo.host_overhead_s, calibration=vo.calibration,
                         prefix_cache=ecfg.enable_prefix_cache)
 
     async def main():
@@ -172,13 +224,20 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
     return run_simulated(main())
 
 
-def real_requests(run_dir: str) -> dict[str, list[dict]]:
+def real_requests(run_dir: str, rnd: int = 1) -> dict[str, list[dict]]:
+    """One round's requests per mode (runs recorded before rounds were kept: round 1 only)."""
     real: dict[str, list[dict]] = {}
     with open(os.path.join(run_dir, "requests.jsonl")) as f:
         for line in f:
             r = json.loads(line)
-            real.setdefault(r["mode"], []).append(r)
+            if r.get("round", 1) == rnd:
+                real.setdefault(r["mode"], []).append(r)
     return real
+
+
+def run_rounds(comp: dict) -> int:
+    """Rounds whose requests and lane metrics a compare_modes run kept."""
+    return len(comp.get("metrics_rounds", [])) or 1
 
 
 def _row(mode: str, pool: str, a: dict, b: dict) -> dict:
@@ -203,12 +262,13 @@ def _summary(rows: list[dict], min_samples: int, tolerance: float) -> dict:
             "within_tolerance": max(errs, default=0.0) <= tolerance}
 
 
-def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: int = 5) -> dict:
-    """Two real runs of the same settings side by side (b in the 'sim' columns): the noise
-    floor any prediction of one real run is up against on this machine."""
-    a, b = real_requests(dir_a), real_requests(dir_b)
+def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: int = 5,
+                  rounds: tuple[int, int] = (1, 1)) -> dict:
+    """Two real runs of the same settings side by side (b in the 'sim' columns), or two rounds
+    of one run: the noise floor any prediction of one real run is up against on this machine."""
+    a, b = real_requests(dir_a, rounds[0]), real_requests(dir_b, rounds[1])
     rows = [_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p]) for m in a if m in b for p in POOLS]
-    return {"run_dir": dir_a, "repeat_dir": dir_b, "rows": rows,
+    return {"run_dir": dir_a, "repeat_dir": dir_b, "rounds": list(rounds), "rows": rows,
             **_summary(rows, min_samples, tolerance),
             "options": {"tolerance": tolerance, "min_samples": min_samples}}
 
@@ -229,11 +289,17 @@ def validate(vo: ValidationOptions) -> dict:
     with open(os.path.join(vo.run_dir, "comparison.json")) as f:
         comp = json.load(f)
     run = comp["run"]
-    real = real_requests(vo.run_dir)
+    real = real_requests(vo.run_dir, vo.round)
+    if not real:
+        raise ValueError(f"{vo.run_dir} holds no requests of round {vo.round} "
+                         f"({run_rounds(comp)} kept)")
+    if "metrics_rounds" in comp:
+        comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
     cfg = PRESETS[run["model"]]
     model = (from_profile(vo.profile, run["model"]).model if vo.profile
              else LatencyModel.from_dict(run["latency_model"], cfg))
     rows, factors, overlap, host, lateness = [], {}, None, {}, {}
+    cals: dict[str, Calibration] = {}
     base = vo  # `vo` below: these options plus this mode's measured host overhead
     for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
         rs = real[mode]
@@ -248,16 +314,17 @@ def validate(vo: ValidationOptions) -> dict:
         if late is not None:  # the real replay's timers fired this late on average
             vo = dataclasses.replace(vo, submit_late_s=late)
             lateness[mode] = late
-        if vo.calibrate and vo.calibrate_by == "kind" and mode != "laps-spatial":
-            f, stats, lanes = calibrate_kinds(mode, run, model, vo, comp["metrics"][mode]["lanes"])
-            factors[mode] = f
+        if vo.calibrate and vo.calibrate_by in ("kind", "bucket") and mode != "laps-spatial":
+            cal, stats, lanes = calibrate_kinds(mode, run, model, vo,
+                                                comp["metrics"][mode]["lanes"])
+            cals[mode], factors[mode] = cal, dataclasses.asdict(cal)
         elif vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
-            f = factors["laps"]  # the machine's speed as laps saw it; the sharing is fitted
-            m, v = ((model, dataclasses.replace(vo, kind_scale=f)) if isinstance(f, dict)
-                    else (scaled(model, f), vo))
+            # the machine's speed as laps saw it; the sharing is fitted
+            m, v = ((model, dataclasses.replace(vo, calibration=cals["laps"])) if "laps" in cals
+                    else (scaled(model, factors["laps"]), vo))
             overlap = fit_overlap(run, m, v, measured)
             stats, lanes = simulate_mode(mode, run, m, dataclasses.replace(v, spatial_overlap=overlap))
-            factors[mode] = f
+            factors[mode] = factors["laps"]
         elif vo.calibrate:  # the machine's speed during this mode, from its own step timings:
             # mean seconds per step, real over simulated (totals would let a simulation that
             # runs more, cheaper steps than the real one look calibrated)
@@ -272,7 +339,8 @@ def validate(vo: ValidationOptions) -> dict:
             stats, lanes = simulate_mode(mode, run, model, vo)
         a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
         rows += [_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
-    return {"run_dir": vo.run_dir, "options": dataclasses.asdict(vo), "rows": rows,
+    return {"run_dir": vo.run_dir, "round": vo.round, "options": dataclasses.asdict(vo),
+            "rows": rows,
             **_summary(rows, vo.min_samples, vo.tolerance),
             "speed_factors": factors, "spatial_overlap_fitted": overlap,
             "host_overhead_s": host, "submit_lateness_s": lateness,
