@@ -137,7 +137,11 @@ def parse(argv):
 
 def main(argv=None) -> int:
     args = parse(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, not a traceback
+        print(f"simulate.py: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -268,6 +268,17 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
     want = out["rounds"][0]["laps"]["ttft_ms_p90"] / out["rounds"][0]["mixed"]["ttft_ms_p90"]
     assert out["ratio"]["ttft_ms_p90"] == pytest.approx(want)
     assert os.path.exists(tmp_path / "comparison.json")
+    # every round's requests and lane counters are kept, so each round can be validated
+    import json
+    rows = [json.loads(line) for line in open(tmp_path / "requests.jsonl")]
+    assert sorted({(r["round"], r["mode"]) for r in rows}) == [
+        (1, "laps"), (1, "mixed"), (2, "laps"), (2, "mixed")]
+    assert len(rows) == 4 * 60
+    assert [sorted(m) for m in out["metrics_rounds"]] == [["laps", "mixed"]] * 2
+    from laps_jax.sim.validate import real_requests, run_rounds
+    assert run_rounds(out) == 2
+    assert {m: len(v) for m, v in real_requests(str(tmp_path), 2).items()} == {"mixed": 60,
+                                                                                "laps": 60}
 
 
 # -- calibration against real runs (validation) --------------------------------------------------
