@@ -2,8 +2,12 @@
 """Prefill and decode speed of laps_jax against Hugging Face transformers (torch, CPU) on the same
 random checkpoint, in one process, plus achieved GFLOP/s against the measured matmul rate.
 
-The two sides are timed alternately (one laps_jax call, one transformers call, repeated) and the
-speedup is the median of the per-pair ratios, so a noisy neighbour slows both sides alike.
+The two sides take turns (one untimed call, then --block timed ones; repeated) and the speedup is
+the median of the per-turn ratios, so a noisy neighbour slows both sides alike. The untimed call
+matters: right after a switch the other library's threads still hold the two cores (torch's
+OpenMP workers busy-wait after each parallel region), and with one call per turn that had cost
+laps_jax ~30% of its matmul speed (2048x384x1024 alone 203-214 GFLOP/s, 123-142 timed right
+after a torch call).
 Decode on both sides is one greedy step at a time over each side's own KV cache.
 
 transformers and torch are only the comparison here (install the `test` extra); laps_jax itself
@@ -31,7 +35,8 @@ def matmul_rate(n: int = 2048) -> float:
     return 2 * n ** 3 / t / 1e9
 
 
-def time_decode(eng, hf, prompts: list[list[int]], steps: int) -> tuple[float, float, float]:
+def time_decode(eng, hf, prompts: list[list[int]], steps: int,
+                block: int = 1) -> tuple[float, float, float]:
     """One greedy decode step of the batch at a time, laps_jax and transformers alternately.
     laps_jax keeps each sequence's own history (paged); transformers left-pads the batch to the
     longest prompt with an attention mask, as its generate() does."""
@@ -57,7 +62,7 @@ def time_decode(eng, hf, prompts: list[list[int]], steps: int) -> tuple[float, f
             state["out"] = hf(nxt, attention_mask=state["mask"],
                               past_key_values=state["out"].past_key_values, use_cache=True)
 
-        result = paired_times(lambda: eng.decode(seqs), hf_step, steps)
+        result = paired_times(lambda: eng.decode(seqs), hf_step, steps, block)
     for s in seqs:
         eng.release(s)
     return result
@@ -73,7 +78,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed-decode", default="2000,300,300,300,300,300,300,300",
                     help="one more decode row over these history lengths (one per sequence; "
                          "transformers pads them to the longest, as generate() does; '' to skip)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="turns per side")
+    ap.add_argument("--block", type=int, default=3,
+                    help="timed calls per turn, after one untimed call (1: plain alternation, "
+                         "no untimed call)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -96,7 +104,8 @@ def main(argv=None) -> int:
     sd = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
     params = params_from_hf(sd.__getitem__, sd.__contains__, cfg)
     mixed = [int(x) for x in args.mixed_decode.split(",")] if args.mixed_decode else []
-    longest = max(lengths + mixed + [args.decode_context]) + args.decode_steps + 64
+    longest = (max(lengths + mixed + [args.decode_context])
+               + (args.decode_steps + 1) * (args.block + 1) + 64)
     ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + sum(mixed) + 8192,
                         max_model_len=longest, max_chunk=max(lengths), max_prefill_batch=1,
                         max_decode_batch=max(batches + [len(mixed)]))
@@ -114,7 +123,7 @@ def main(argv=None) -> int:
         with torch.no_grad():
             t_ours, t_hf, speedup = paired_times(
                 lambda: eng.runner.run([SeqInput(ids, 0, pages)]),
-                lambda: hf(x, logits_to_keep=1), args.repeats)
+                lambda: hf(x, logits_to_keep=1), args.repeats, args.block)
         flops = cfg.flops_per_token() * n + 4 * cfg.num_layers * cfg.q_size * n * n / 2
         rows.append({"phase": "prefill", "tokens": n, "laps_jax_tok_s": n / t_ours,
                      "transformers_tok_s": n / t_hf, "speedup": speedup,
@@ -122,7 +131,7 @@ def main(argv=None) -> int:
                      "fraction_of_matmul_peak": flops / t_ours / 1e9 / peak})
     for ctxs in [[args.decode_context] * b for b in batches] + ([mixed] if mixed else []):
         prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in ctxs]
-        t_ours, t_hf, speedup = time_decode(eng, hf, prompts, args.decode_steps)
+        t_ours, t_hf, speedup = time_decode(eng, hf, prompts, args.decode_steps, args.block)
         rows.append({"phase": "decode", "batch": len(ctxs), "context": ctxs[0] if
                      len(set(ctxs)) == 1 else "+".join(map(str, ctxs)),
                      "laps_jax_tok_s": len(ctxs) / t_ours,

@@ -69,6 +69,12 @@ RAGGED_DECODE = [
     Case("decode_ragged_one_long_g3", 6, 2, 64, 16, 32, (1, 1, 1, 0, 1, 1, 1, 1),
          (300, 5, 0, 70, 64, 31, 40, 2), T=1),
 ]
+# long histories under several query blocks: the XLA blocked path's leading KV blocks that every
+# row sees whole (no masks) meet the masked ones at different blocks per query block
+OPEN_BLOCKS = [
+    Case("open_blocks_one_seq_g3", 6, 2, 64, 16, 32, (40,), (100,)),
+    Case("open_blocks_two_seqs_g3", 6, 2, 64, 16, 32, (24, 17), (70, 96)),
+]
 
 
 def make_inputs(c: Case, seed: int = 0, poison: bool = False):
@@ -147,7 +153,8 @@ XLA_PATHS = {"dispatch": paged_attention_xla, "blocked": blocked_attention,
 
 
 @pytest.mark.parametrize("path", XLA_PATHS)
-@pytest.mark.parametrize("c", PREFILL + DECODE + RAGGED_DECODE, ids=lambda c: c.name)
+@pytest.mark.parametrize("c", PREFILL + DECODE + RAGGED_DECODE + OPEN_BLOCKS,
+                         ids=lambda c: c.name)
 def test_xla_path(c: Case, path: str):
     """Both XLA attention paths on every layout (the dispatch picks ragged for batches of
     short rows, blocked for one sequence or long chunks); the blocked path gets query blocks

@@ -125,27 +125,36 @@ def blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_tabl
         # keys this block can see: up to its last valid query's position
         last = cached_lens + jnp.clip(q_lens, 0, j * qb + qb)
         n_blocks = (jnp.max(jnp.minimum(last, kv_lens)) + kb - 1) // kb
+        # leading KV blocks every row of every sequence sees whole (below the block's first
+        # query and inside every history): they skip the masks (7-10% of the attention time)
+        n_open = jnp.minimum(jnp.min(jnp.minimum(cached_lens + j * qb + 1, kv_lens)) // kb,
+                             n_blocks)
 
-        def body(i, carry):
-            m, l, acc = carry
-            pages = jax.lax.dynamic_slice_in_dim(page_table, i * bp, bp, axis=1)
-            k = k_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
-            v = v_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
-            k_pos = i * kb + jnp.arange(kb)
-            in_seq = k_pos[None, :] < kv_lens[:, None]  # slots past kv_len hold garbage
-            v = jnp.where(in_seq[:, None, :, None], v.astype(jnp.float32), 0.0)
-            mask = ((k_pos[None, None, :] <= q_pos[:, :, None]) & in_seq[:, None, :])[:, None]
-            s = jnp.where(mask, jnp.einsum("bkrd,bksd->bkrs", qj, k.astype(jnp.float32)),
-                          NEG_INF)
-            m_new = jnp.maximum(m, s.max(-1))
-            p = jnp.exp(s - m_new[..., None])  # masked entries underflow to 0 once m is finite
-            alpha = jnp.exp(m - m_new)
-            return (m_new, l * alpha + p.sum(-1),
-                    acc * alpha[..., None] + jnp.einsum("bkrs,bksd->bkrd", p, v))
+        def body(masked: bool):
+            def step(i, carry):
+                m, l, acc = carry
+                pages = jax.lax.dynamic_slice_in_dim(page_table, i * bp, bp, axis=1)
+                k = k_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
+                v = v_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
+                v = v.astype(jnp.float32)
+                s = jnp.einsum("bkrd,bksd->bkrs", qj, k.astype(jnp.float32))
+                if masked:
+                    k_pos = i * kb + jnp.arange(kb)
+                    in_seq = k_pos[None, :] < kv_lens[:, None]  # past kv_len: garbage
+                    v = jnp.where(in_seq[:, None, :, None], v, 0.0)
+                    mask = (k_pos[None, None, :] <= q_pos[:, :, None]) & in_seq[:, None, :]
+                    s = jnp.where(mask[:, None], s, NEG_INF)
+                m_new = jnp.maximum(m, s.max(-1))
+                p = jnp.exp(s - m_new[..., None])  # masked entries underflow to 0 (m finite)
+                alpha = jnp.exp(m - m_new)
+                return (m_new, l * alpha + p.sum(-1),
+                        acc * alpha[..., None] + jnp.einsum("bkrs,bksd->bkrd", p, v))
+            return step
 
         init = (jnp.full((B, kvh, R), NEG_INF, jnp.float32), jnp.zeros((B, kvh, R), jnp.float32),
                 jnp.zeros((B, kvh, R, hd), jnp.float32))
-        _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+        carry = jax.lax.fori_loop(0, n_open, body(False), init)
+        _, l, acc = jax.lax.fori_loop(n_open, n_blocks, body(True), carry)
         return acc / jnp.where(l > 0, l, 1.0)[..., None]  # [B, kvh, R, hd]
 
     out = jax.lax.map(one_q_block, jnp.arange(T // qb))  # [n_q_blocks, B, kvh, R, hd]
