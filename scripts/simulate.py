@@ -111,6 +111,9 @@ def parse(argv):
     v.add_argument("--all-rounds", action="store_true",
                    help="predict every round the run kept, and show each real round against "
                         "the next (the noise floor)")
+    v.add_argument("--same-speed", action="store_true",
+                   help="also replay both modes with mixed's per-kind calibration and report "
+                        "laps/mixed as if the machine had run both modes at the same speed")
     v.add_argument("--fit-overlap", action="store_true",
                    help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
                         "overlap of its two lanes on the shared CPU to its measured step seconds")

@@ -238,10 +238,8 @@ def test_median_ratio_skips_undefined_rounds():
     assert got == {"a": 2.0, "b": 2.0}
 
 
-def test_compare_repeats_rounds_in_alternating_order(tmp_path):
-    """compare_modes --simulate --repeats 2: both rounds recorded, modes alternate their order,
-    and the reported ratio is the median of the rounds' (equal here: virtual time is exact)."""
-    import os
+def _simulated_compare(tmp_path, logs: list[str] | None = None) -> dict:
+    """compare_modes --simulate --repeats 2 over 60 Azure requests into tmp_path."""
     from pathlib import Path
 
     from laps_jax.config import EngineConfig
@@ -252,7 +250,6 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
                  None)
     if trace is None:
         pytest.skip("azure_llm_2023_conv.csv not found")
-    logs: list[str] = []
     o = CompareOptions(model="bench-cpu", trace=str(trace), trace_format="azure",
                        output_dir=str(tmp_path), modes=("mixed", "laps"),
                        ecfg=EngineConfig(max_chunk=512, max_decode_batch=16,
@@ -260,7 +257,15 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
                        max_requests=60, length_scale=0.1, threshold=26, time_scale=0.3,
                        profile=str(repo / "docs" / "data" / "profile_bench_cpu.json"),
                        simulate=True, repeats=2)
-    out = run_comparison(o, logs.append)
+    return run_comparison(o, (logs if logs is not None else []).append)
+
+
+def test_compare_repeats_rounds_in_alternating_order(tmp_path):
+    """compare_modes --simulate --repeats 2: both rounds recorded, modes alternate their order,
+    and the reported ratio is the median of the rounds' (equal here: virtual time is exact)."""
+    import os
+    logs: list[str] = []
+    out = _simulated_compare(tmp_path, logs)
     assert out["run"]["repeats"] == 2 and len(out["rounds"]) == 2
     order = [line.split(":")[1].strip() for line in logs if line.startswith("round")]
     assert order == ["mixed", "laps", "laps", "mixed"]
@@ -314,3 +319,21 @@ def test_step_jitter_is_the_real_spread_the_simulation_lacks():
     assert step_jitter(real, lanes(("decode 8x1", [1.0, 3.0] * 5)), "decode") == 0.0
     assert step_jitter(real, sim, "prefill") == pytest.approx(0.5)
     assert step_jitter([{"counters": {}}], sim, "decode") == 0.0  # older runs: none recorded
+
+
+def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
+    """The calibrated validation replays a run the simulator itself made: speed factors 1, no
+    jitter or lateness to add, every TTFT cell exact; and at the same speed laps/mixed is the
+    run's own ratio."""
+    from laps_jax.sim.validate import ValidationOptions, same_speed, validate
+    out = _simulated_compare(tmp_path)
+    for rnd in (1, 2):
+        r = validate(ValidationOptions(str(tmp_path), calibrate=True, round=rnd))
+        assert r["cells"] >= 6 and r["worst_abs_error"] < 1e-6
+        for mode in ("mixed", "laps"):
+            cal = r["speed_factors"][mode]
+            assert all(v == pytest.approx(1.0) for v in cal["scale"].values())
+            assert all(v == pytest.approx(0.0, abs=1e-6) for v in cal["jitter"].values())
+    same = same_speed(ValidationOptions(str(tmp_path), round=1))
+    for k in ("ttft_short_ms_p90", "prefill_latency_ms_mean", "ttft_long_ms_p90"):
+        assert same["ratio"][k] == pytest.approx(out["ratio"][k])

@@ -15,8 +15,12 @@ from laps_jax.scheduler.router import RouterConfig
 from laps_jax.sim import cli, plots, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
+from laps_jax.scheduler import report
+from laps_jax.scheduler.report import GOALS
 from laps_jax.sim.validate import (ValidationOptions, markdown, repeatability, run_rounds,
-                                   validate)
+                                   same_speed, validate)
+
+GOAL_FIELDS = list(GOALS.items())
 
 
 def _log(msg: str) -> None:
@@ -127,6 +131,11 @@ def cmd_validate(args) -> int:
                   f"every cell; cells within per round: "
                   + ", ".join(f"{r['cells_within_tolerance']}/{r['cells']}" for r in results)
                   + "\n")
+    if args.same_speed:
+        same = [same_speed(dataclasses.replace(vo, round=k)) for k in rounds]
+        table += same_speed_markdown(same)
+        for r, sp in zip(results, same):
+            r["same_speed"] = sp
     result = results[0]
     if args.repeat:
         rep = repeatability(args.run_dir, args.repeat, args.tolerance)
@@ -142,6 +151,21 @@ def cmd_validate(args) -> int:
     if args.figure:
         plots.validation(result, args.figure)
     return 0 if all(r["within_tolerance"] for r in results) else 1
+
+
+def same_speed_markdown(rounds: list[dict]) -> str:
+    keys = [k for k, _ in GOAL_FIELDS]
+    lines = ["\nlaps / mixed as if both modes had run at mixed's speed (simulated, mixed's "
+             "calibration for both):\n", "| round | " + " | ".join(keys) + " |",
+             "|---" * (len(keys) + 1) + "|"]
+    for r in rounds:
+        lines.append(f"| {r['round']} | " + " | ".join(
+            "-" if r["ratio"].get(k) is None else f"{r['ratio'][k]:.2f}" for k in keys) + " |")
+    if len(rounds) > 1:
+        med = report.median_ratio([r["ratio"] for r in rounds])
+        lines.append("| median | " + " | ".join(
+            "-" if med.get(k) is None else f"{med[k]:.2f}" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_plot(args) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 
 from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.executables import BucketGrid
-from laps_jax.scheduler import compare
+from laps_jax.scheduler import compare, report
 from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
@@ -348,6 +348,30 @@ def validate(vo: ValidationOptions) -> dict:
             "run": {k: run.get(k) for k in ("model", "trace", "trace_format", "requests",
                                             "length_scale", "time_scale", "threshold",
                                             "max_output", "slo_scale")}}
+
+
+def same_speed(vo: ValidationOptions) -> dict:
+    """laps / mixed of one round as if the machine had run both modes at mixed's speed: mixed's
+    calibration (per-kind factors, jitter, host time, lateness) replays both modes. A real
+    run's ratio mixes the policy with the machine's drift between the modes' turns; where the
+    calibrated simulation predicts each mode of a round, this separates the two."""
+    with open(os.path.join(vo.run_dir, "comparison.json")) as f:
+        comp = json.load(f)
+    run = comp["run"]
+    if "metrics_rounds" in comp:
+        comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
+    real = real_requests(vo.run_dir, vo.round)
+    if "mixed" not in real or "laps" not in real:
+        raise ValueError(f"{vo.run_dir}: same-speed ratios need mixed and laps in the run")
+    model = LatencyModel.from_dict(run["latency_model"], PRESETS[run["model"]])
+    lanes = comp["metrics"]["mixed"]["lanes"]
+    vo = dataclasses.replace(vo, host_overhead_s=host_seconds_per_step(lanes) or 0.0,
+                             submit_late_s=submit_lateness(real["mixed"]) or 0.0)
+    cal, mixed, _ = calibrate_kinds("mixed", run, model, vo, lanes)
+    laps, _ = simulate_mode("laps", run, model, dataclasses.replace(vo, calibration=cal))
+    a, b = report.summarize(mixed), report.summarize(laps)
+    return {"round": vo.round, "mixed": a, "laps": b, "ratio": report.ratio(b, a),
+            "calibration": dataclasses.asdict(cal)}
 
 
 def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
