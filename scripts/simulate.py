@@ -114,6 +114,12 @@ def parse(argv):
     v.add_argument("--same-speed", action="store_true",
                    help="also replay both modes with mixed's per-kind calibration and report "
                         "laps/mixed as if the machine had run both modes at the same speed")
+    v.add_argument("--same-speed-laps", action="append", metavar="KEY=VALUE",
+                   help="with --same-speed: replay laps with this scheduler setting changed "
+                        "(order, cross_pool, long_budget_tokens, decode_gap_s; repeatable)")
+    v.add_argument("--same-speed-trace", default=None,
+                   help="with --same-speed: replay this trace (same format) on each round's "
+                        "calibration instead of the run's")
     v.add_argument("--fit-overlap", action="store_true",
                    help="with --calibrate: laps-spatial takes laps' speed factor and fits the "
                         "overlap of its two lanes on the shared CPU to its measured step seconds")

@@ -337,3 +337,8 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     same = same_speed(ValidationOptions(str(tmp_path), round=1))
     for k in ("ttft_short_ms_p90", "prefill_latency_ms_mean", "ttft_long_ms_p90"):
         assert same["ratio"][k] == pytest.approx(out["ratio"][k])
+    # laps replayed with other settings: mixed (and its calibration) unchanged, laps not
+    other = same_speed(ValidationOptions(str(tmp_path), round=1), {"long_budget_tokens": 32})
+    assert other["mixed"] == same["mixed"] and other["laps"] != same["laps"]
+    with pytest.raises(ValueError, match="unknown laps settings"):
+        same_speed(ValidationOptions(str(tmp_path), round=1), {"budget": 1})

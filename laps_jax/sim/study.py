@@ -17,8 +17,8 @@ from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 from laps_jax.scheduler import report
 from laps_jax.scheduler.report import GOALS
-from laps_jax.sim.validate import (ValidationOptions, markdown, repeatability, run_rounds,
-                                   same_speed, validate)
+from laps_jax.sim.validate import (SAME_SPEED_SETTINGS, ValidationOptions, markdown,
+                                   repeatability, run_rounds, same_speed, validate)
 
 GOAL_FIELDS = list(GOALS.items())
 
@@ -132,7 +132,15 @@ def cmd_validate(args) -> int:
                   + ", ".join(f"{r['cells_within_tolerance']}/{r['cells']}" for r in results)
                   + "\n")
     if args.same_speed:
-        same = [same_speed(dataclasses.replace(vo, round=k)) for k in rounds]
+        settings = {}
+        for item in args.same_speed_laps or []:
+            key, _, value = item.partition("=")
+            if key not in SAME_SPEED_SETTINGS or not value:
+                raise ValueError(f"--same-speed-laps wants KEY=VALUE with KEY one of "
+                                 f"{', '.join(SAME_SPEED_SETTINGS)}; got {item!r}")
+            settings[key] = SAME_SPEED_SETTINGS[key](value)
+        same = [same_speed(dataclasses.replace(vo, round=k), settings, args.same_speed_trace)
+                for k in rounds]
         table += same_speed_markdown(same)
         for r, sp in zip(results, same):
             r["same_speed"] = sp
@@ -155,8 +163,11 @@ def cmd_validate(args) -> int:
 
 def same_speed_markdown(rounds: list[dict]) -> str:
     keys = [k for k, _ in GOAL_FIELDS]
+    changed = ", ".join(f"{k}={v}" for k, v in rounds[0]["laps_settings"].items())
     lines = ["\nlaps / mixed as if both modes had run at mixed's speed (simulated, mixed's "
-             "calibration for both):\n", "| round | " + " | ".join(keys) + " |",
+             f"calibration for both; trace {rounds[0]['trace']}"
+             + (f"; laps with {changed}" if changed else "") + "):\n",
+             "| round | " + " | ".join(keys) + " |",
              "|---" * (len(keys) + 1) + "|"]
     for r in rounds:
         lines.append(f"| {r['round']} | " + " | ".join(

@@ -350,14 +350,24 @@ def validate(vo: ValidationOptions) -> dict:
                                             "max_output", "slo_scale")}}
 
 
-def same_speed(vo: ValidationOptions) -> dict:
+SAME_SPEED_SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
+                       "decode_gap_s": float}
+
+
+def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
+               trace: str | None = None) -> dict:
     """laps / mixed of one round as if the machine had run both modes at mixed's speed: mixed's
     calibration (per-kind factors, jitter, host time, lateness) replays both modes. A real
     run's ratio mixes the policy with the machine's drift between the modes' turns; where the
-    calibrated simulation predicts each mode of a round, this separates the two."""
+    calibrated simulation predicts each mode of a round, this separates the two.
+    `laps_settings` (keys of SAME_SPEED_SETTINGS) change laps' scheduler settings from the
+    run's; `trace` replays another trace of the same format on this round's calibration."""
     with open(os.path.join(vo.run_dir, "comparison.json")) as f:
         comp = json.load(f)
     run = comp["run"]
+    bad = set(laps_settings or {}) - set(SAME_SPEED_SETTINGS)
+    if bad:
+        raise ValueError(f"unknown laps settings {sorted(bad)}; known: {sorted(SAME_SPEED_SETTINGS)}")
     if "metrics_rounds" in comp:
         comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
     real = real_requests(vo.run_dir, vo.round)
@@ -368,10 +378,15 @@ def same_speed(vo: ValidationOptions) -> dict:
     vo = dataclasses.replace(vo, host_overhead_s=host_seconds_per_step(lanes) or 0.0,
                              submit_late_s=submit_lateness(real["mixed"]) or 0.0)
     cal, mixed, _ = calibrate_kinds("mixed", run, model, vo, lanes)
-    laps, _ = simulate_mode("laps", run, model, dataclasses.replace(vo, calibration=cal))
+    vo_cal = dataclasses.replace(vo, calibration=cal)
+    if trace:
+        run = dict(run, trace=trace)
+        mixed, _ = simulate_mode("mixed", run, model, vo_cal)
+    laps, _ = simulate_mode("laps", dict(run, **(laps_settings or {})), model, vo_cal)
     a, b = report.summarize(mixed), report.summarize(laps)
     return {"round": vo.round, "mixed": a, "laps": b, "ratio": report.ratio(b, a),
-            "calibration": dataclasses.asdict(cal)}
+            "calibration": dataclasses.asdict(cal), "laps_settings": laps_settings or {},
+            "trace": run["trace"]}
 
 
 def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
