@@ -36,13 +36,7 @@ def histories(spec: str) -> list[int]:
 def fill(eng: Engine, lens: list[int], rng, vocab: int) -> list[Sequence]:
     seqs = [Sequence(rng.integers(0, vocab, n).tolist(),
                      SamplingParams(max_tokens=10 ** 6, ignore_eos=True)) for n in lens]
-    for s in seqs:
-        eng.admit(s)
-        done = 0
-        while done < len(s.prompt):
-            n = min(eng.ecfg.max_chunk, len(s.prompt) - done)
-            eng.prefill([(s, n)])
-            done += n
+    eng.prefill_prompts(seqs)
     return seqs
 
 

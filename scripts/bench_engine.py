@@ -43,13 +43,7 @@ def time_decode(eng, hf, prompts: list[list[int]], steps: int,
     import torch
     from laps_jax.engine.sequence import SamplingParams, Sequence
     seqs = [Sequence(p, SamplingParams(max_tokens=10 ** 6, ignore_eos=True)) for p in prompts]
-    for s in seqs:
-        eng.admit(s)
-        done = 0
-        while done < len(s.prompt):  # in chunks the engine compiled
-            n = min(eng.ecfg.max_chunk, len(s.prompt) - done)
-            eng.prefill([(s, n)])
-            done += n
+    eng.prefill_prompts(seqs)
     width = max(map(len, prompts))
     x = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

@@ -7,7 +7,7 @@ import numpy as np
 from laps_jax.config import PRESETS
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.executables import BucketGrid, jax_compile_events
-from laps_jax.engine.sequence import SamplingParams
+from laps_jax.engine.sequence import SamplingParams, Sequence
 from laps_jax.models.qwen2 import init_params
 
 from conftest import small_engine_config
@@ -43,3 +43,15 @@ def test_no_compile_after_warmup_across_many_lengths():
     assert len(eng.runner.executables) == n_exec
     assert jax_compile_events() == events  # no XLA compile anywhere, not even a stray jnp op
     assert eng.kv.num_used == 0
+    # prefill_prompts (what benchmarks set decode batches up with): whole prompts past the
+    # 64-token chunk, in prefill_plan's steps, ending where generate's prefill ends
+    longer = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (150, 70, 20)]
+    greedy = SamplingParams(max_tokens=2, temperature=0.0)
+    want = eng.generate(longer, greedy)
+    seqs = [Sequence(p, greedy) for p in longer]
+    eng.prefill_prompts(seqs)
+    assert all(s.remaining_prefill == 0 for s in seqs)
+    assert [s.output[0] for s in seqs] == [w.output[0] for w in want]
+    for s in seqs:
+        eng.release(s)
+    assert eng.kv.num_used == 0 and jax_compile_events() == events

@@ -161,6 +161,15 @@ class Engine(PagedSequences):
             steps.append(cur)
         return steps
 
+    def prefill_prompts(self, seqs: Seq[Sequence]) -> None:
+        """Admits `seqs` and prefills their whole prompts in the steps `prefill_plan` picks
+        (benchmarks set up decode batches with it)."""
+        for s in seqs:
+            self.admit(s)
+        while any(s.remaining_prefill for s in seqs):
+            for step in self.prefill_plan(seqs):
+                self.prefill(step)
+
     def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams]
                  ) -> list[Sequence]:
         """Runs every prompt to completion; output order follows input order."""

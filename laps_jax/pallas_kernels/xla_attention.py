@@ -59,12 +59,12 @@ def ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table
 
     def body(i, state):
         idx = i * B + jnp.arange(B)
-        seq, blk = item_seq[idx], item_blk[idx]
+        seq, blk, real = item_seq[idx], item_blk[idx], idx < total  # items past total: none
         pages = table[seq, blk]                                # [B items, bp]
         k = k_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
         v = v_cache[layer, pages].reshape(B, kb, kvh, hd).transpose(0, 2, 1, 3)
         k_pos = blk[:, None] * kb + jnp.arange(kb)[None, :]
-        live = (k_pos < kv_lens[seq][:, None]) & (idx < total)[:, None]  # [items, kb]
+        live = (k_pos < kv_lens[seq][:, None]) & real[:, None]  # [items, kb]
         mask = (live[:, None, :] & (k_pos[:, None, :] <= q_pos[seq][:, :, None]))[:, None]
         s = jnp.einsum("ckrd,cksd->ckrs", rows[seq], k.astype(jnp.float32))
         s = jnp.where(mask, s, NEG_INF)
@@ -75,7 +75,7 @@ def ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table
         # merge the items into their sequences' running softmax (one-hot over [items, seqs]:
         # a few KFLOP, cheaper on the CPU than segment scatters)
         m_s, l_s, acc_s = state
-        mine = ((seq[:, None] == jnp.arange(B)[None, :]) & (idx < total)[:, None])[..., None, None]
+        mine = ((seq[:, None] == jnp.arange(B)[None, :]) & real[:, None])[..., None, None]
         m_new = jnp.maximum(m_s, jnp.where(mine, m[:, None], NEG_INF).max(0))
         w = jnp.where(mine, jnp.exp(m[:, None] - m_new[None]), 0.0)  # [items, seqs, kvh, R]
         alpha = jnp.exp(m_s - m_new)

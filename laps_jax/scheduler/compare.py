@@ -239,9 +239,9 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         log(f"mixed {o.capacity_mode} capacity {capacity:.2f} requests/s ({len(stats)} at once); trace rate "
             f"{natural_rate(arrivals):.2f}/s -> time scale {time_scale:.3f}")
 
-    results, per_mode, metrics, rounds = {}, {}, {}, []
+    rounds: list[dict] = []                  # per round: mode -> summary
+    round_metrics: list[dict] = []           # per round: mode -> lane metrics
     every: list[tuple[int, str, list]] = []  # (round, mode, stats) of every round
-    round_metrics: list[dict] = []
     for rnd in range(max(1, o.repeats)):
         # later rounds alternate the order, so drift in the machine's speed hits every mode
         order = list(o.modes) if rnd % 2 == 0 else list(reversed(o.modes))
@@ -255,8 +255,6 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             r["others_cpu_share"] = None if o.simulate else cpu.others
             every.append((rnd + 1, mode, stats))
             round_metrics_now[mode] = m.to_dict()
-            if rnd == 0:
-                per_mode[mode], metrics[mode], results[mode] = stats, round_metrics_now[mode], r
             busy = "" if o.simulate else (f"; other processes used {100 * cpu.others:.0f}% "
                                           "of the CPU meanwhile")
             tag = f"round {rnd + 1}: " if o.repeats > 1 else ""
@@ -264,7 +262,9 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
                 f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
         rounds.append(summary)
         round_metrics.append(round_metrics_now)
-    results = {m: results[m] for m in o.modes}
+    results = {m: rounds[0][m] for m in o.modes}  # tables and plots show round 1
+    metrics = round_metrics[0]
+    per_mode = {mode: stats for rnd, mode, stats in every if rnd == 1}
 
     ratios = {}
     if "mixed" in results:

@@ -16,11 +16,8 @@ from laps_jax.sim import cli, plots, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 from laps_jax.scheduler import report
-from laps_jax.scheduler.report import GOALS
 from laps_jax.sim.validate import (SAME_SPEED_SETTINGS, ValidationOptions, markdown,
                                    repeatability, run_rounds, same_speed, validate)
-
-GOAL_FIELDS = list(GOALS.items())
 
 
 def _log(msg: str) -> None:
@@ -162,7 +159,7 @@ def cmd_validate(args) -> int:
 
 
 def same_speed_markdown(rounds: list[dict]) -> str:
-    keys = [k for k, _ in GOAL_FIELDS]
+    keys = list(report.GOALS)
     changed = ", ".join(f"{k}={v}" for k, v in rounds[0]["laps_settings"].items())
     lines = ["\nlaps / mixed as if both modes had run at mixed's speed (simulated, mixed's "
              f"calibration for both; trace {rounds[0]['trace']}"

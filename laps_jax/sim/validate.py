@@ -47,7 +47,7 @@ class ValidationOptions:
     calibrate_by: str = "kind"        # "bucket": a factor per compiled shape (else per kind);
                                       # "kind": per step kind; "step": one per mode
     calibration: Calibration | None = None  # set by the calibration (speed, jitter per kind)
-    jitter: bool = True               # with calibrate_by="kind": the real run's step jitter too
+    jitter: bool = True               # calibrate_by kind/bucket: the real run's step jitter too
     submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
 
 
@@ -108,14 +108,21 @@ def submit_lateness(rows: list[dict]) -> float | None:
     return float(np.mean(late)) if late else None
 
 
-def bucket_seconds_per_step(lanes: list[dict], min_steps: int = 5) -> dict[str, float]:
-    """Mean seconds per step of each compiled shape ("decode 8x1") run at least min_steps times."""
+def _bucket_sums(lanes: list[dict]) -> dict[str, list[float]]:
+    """Per compiled shape ("decode 8x1"), over the lanes: [steps, seconds, seconds^2] (empty for
+    runs recorded before lanes kept them)."""
     acc: dict[str, list[float]] = {}
     for l in lanes:
-        for key, (n, s1, _) in l["counters"].get("bucket_seconds", {}).items():
-            a = acc.setdefault(key, [0, 0.0])
-            a[0], a[1] = a[0] + n, a[1] + s1
-    return {k: s1 / n for k, (n, s1) in acc.items() if n >= min_steps}
+        for key, sums in l["counters"].get("bucket_seconds", {}).items():
+            a = acc.setdefault(key, [0, 0.0, 0.0])
+            for i in range(3):
+                a[i] += sums[i]
+    return acc
+
+
+def bucket_seconds_per_step(lanes: list[dict], min_steps: int = 5) -> dict[str, float]:
+    """Mean seconds per step of each compiled shape run at least min_steps times."""
+    return {k: s1 / n for k, (n, s1, _) in _bucket_sums(lanes).items() if n >= min_steps}
 
 
 def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOptions,
@@ -145,16 +152,12 @@ def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOpt
 
 def _bucket_cv2(lanes: list[dict], kind: str) -> dict[str, tuple[int, float]]:
     """Per compiled shape of one kind: (steps, squared coefficient of variation of its time)."""
-    acc: dict[str, list[float]] = {}
-    for l in lanes:
-        for key, (n, s1, s2) in l["counters"].get("bucket_seconds", {}).items():
-            if key.startswith(kind + " "):
-                a = acc.setdefault(key, [0, 0.0, 0.0])
-                a[0], a[1], a[2] = a[0] + n, a[1] + s1, a[2] + s2
     out = {}
-    for key, (n, s1, s2) in acc.items():
-        mean = s1 / n
-        out[key] = (int(n), max(0.0, s2 / n - mean * mean) / (mean * mean) if mean > 0 else 0.0)
+    for key, (n, s1, s2) in _bucket_sums(lanes).items():
+        if key.startswith(kind + " "):
+            mean = s1 / n
+            out[key] = (int(n), max(0.0, s2 / n - mean * mean) / (mean * mean) if mean > 0
+                        else 0.0)
     return out
 
 
@@ -285,16 +288,23 @@ def fit_overlap(run: dict, model: LatencyModel, vo: ValidationOptions, measured:
     return (lo + hi) / 2
 
 
-def validate(vo: ValidationOptions) -> dict:
+def _load_round(vo: ValidationOptions) -> tuple[dict, dict[str, list[dict]]]:
+    """The run's comparison.json with `metrics` set to round `vo.round`'s lane counters, and
+    that round's requests per mode."""
     with open(os.path.join(vo.run_dir, "comparison.json")) as f:
         comp = json.load(f)
-    run = comp["run"]
     real = real_requests(vo.run_dir, vo.round)
     if not real:
         raise ValueError(f"{vo.run_dir} holds no requests of round {vo.round} "
                          f"({run_rounds(comp)} kept)")
     if "metrics_rounds" in comp:
         comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
+    return comp, real
+
+
+def validate(vo: ValidationOptions) -> dict:
+    comp, real = _load_round(vo)
+    run = comp["run"]
     cfg = PRESETS[run["model"]]
     model = (from_profile(vo.profile, run["model"]).model if vo.profile
              else LatencyModel.from_dict(run["latency_model"], cfg))
@@ -362,15 +372,11 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
     calibrated simulation predicts each mode of a round, this separates the two.
     `laps_settings` (keys of SAME_SPEED_SETTINGS) change laps' scheduler settings from the
     run's; `trace` replays another trace of the same format on this round's calibration."""
-    with open(os.path.join(vo.run_dir, "comparison.json")) as f:
-        comp = json.load(f)
-    run = comp["run"]
     bad = set(laps_settings or {}) - set(SAME_SPEED_SETTINGS)
     if bad:
         raise ValueError(f"unknown laps settings {sorted(bad)}; known: {sorted(SAME_SPEED_SETTINGS)}")
-    if "metrics_rounds" in comp:
-        comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
-    real = real_requests(vo.run_dir, vo.round)
+    comp, real = _load_round(vo)
+    run = comp["run"]
     if "mixed" not in real or "laps" not in real:
         raise ValueError(f"{vo.run_dir}: same-speed ratios need mixed and laps in the run")
     model = LatencyModel.from_dict(run["latency_model"], PRESETS[run["model"]])
