@@ -46,6 +46,8 @@ def parse(argv):
                         "serving, or prefill only (one output token each)")
     g.add_argument("--capacity-requests", type=int, default=24,
                    help="requests replayed at once to measure mixed's capacity")
+    g.add_argument("--capacity-repeats", type=int, default=3,
+                   help="bursts to measure; the median capacity sets the time scale (3)")
     g.add_argument("--slo-scale", type=float, default=5.0,
                    help="a request's TTFT SLO = this x the predicted isolated prefill latency "
                         "of its new tokens")
@@ -164,7 +166,8 @@ def main(argv=None) -> int:
         buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order,
         decode_gap_s=args.decode_gap, long_budget_tokens=args.long_budget, repeats=args.repeats,
         time_scale=args.time_scale, profile=args.profile,
-        capacity_requests=args.capacity_requests, max_output=args.max_output,
+        capacity_requests=args.capacity_requests,
+        capacity_repeats=args.capacity_repeats, max_output=args.max_output,
         capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,
         compile_cache=args.compile_cache, simulate=args.simulate)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)

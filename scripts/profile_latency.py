@@ -2,9 +2,11 @@
 
     python scripts/profile_latency.py --model bench-cpu --output runs/profile.json
 
-Times the engine's compiled prefill buckets over (batch, new tokens, cached tokens), fits
-overhead + max(compute, memory) by non-negative least squares on 75% of the shapes, reports the
-median relative error on the other 25%, then refits on all of them and writes the model. Prints
+Times the engine's compiled prefill buckets over (batch, new tokens, cached tokens), fits the
+roofline (overhead + GEMM + attention, each bound by compute or memory) by non-negative least
+squares on 75% of the shapes, reports the median relative error on the other 25%, then refits
+on all of them and writes the model. `--from-samples` refits an earlier profile's timings (no
+engine, nothing compiled). Prints
 the threshold (new tokens where prefill turns compute-bound) on this machine and, from datasheet
 and measured H200 figures, for the qwen2.5-32b preset in bf16.
 """
@@ -21,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.cli import add_engine_args, build_engine  # noqa: E402
-from laps_jax.config import PRESETS  # noqa: E402
+from laps_jax.config import PRESETS, resolve_model  # noqa: E402
 from laps_jax.scheduler.latency_model import (DEVICES, LatencyModel, StepShape,  # noqa: E402
                                               relative_errors)
 from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, profile,  # noqa: E402
@@ -30,10 +32,9 @@ from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, prof
 CACHED = (0, 256, 1024, 2048)
 
 
-def fit(engine, samples: list[Sample], name: str) -> LatencyModel:
-    itemsize = engine.runner.kv_dtype.itemsize
-    return LatencyModel.fit(engine.cfg, itemsize, [s.shape for s in samples],
-                            [s.seconds for s in samples], kv_block_of(engine), name)
+def fit(cfg, itemsize: int, kv_block: int, samples: list[Sample], name: str) -> LatencyModel:
+    return LatencyModel.fit(cfg, itemsize, [s.shape for s in samples],
+                            [s.seconds for s in samples], kv_block, name)
 
 
 def gpu_thresholds() -> dict:
@@ -57,12 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.model == "builtin":
         args.model = "bench-cpu"
 
-    built = build_engine(args)
-    engine = built.engine
     if args.from_samples:
         with open(args.from_samples) as f:
-            samples = [Sample.from_dict(d) for d in json.load(f)["samples"]]
+            earlier = json.load(f)
+        samples = [Sample.from_dict(d) for d in earlier["samples"]]
+        model_name, grid = earlier["model"], earlier["engine"]
+        cfg, _ = resolve_model(model_name)
+        itemsize = int(earlier["latency_model"]["itemsize"])
+        kv_block = int(earlier["latency_model"].get("kv_block", 1))
     else:
+        built = build_engine(args)
+        engine = built.engine
+        model_name, cfg = built.model_name, engine.cfg
+        itemsize, kv_block = engine.runner.kv_dtype.itemsize, kv_block_of(engine)
+        grid = {"max_chunk": engine.grid.max_chunk,
+                "max_batch_tokens": engine.grid.max_batch_tokens}
         shapes = plan_shapes(engine, args.shapes, CACHED, args.seed)
         t0 = time.perf_counter()
 
@@ -75,15 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timed {len(samples)} shapes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     train, held = split_holdout(samples, args.holdout, args.seed)
-    errs = relative_errors(fit(engine, train, "heldout-fit"), [s.shape for s in held],
-                           [s.seconds for s in held]) if held else []
-    model = fit(engine, samples, f"{os.uname().nodename}-cpu")
+    errs = relative_errors(fit(cfg, itemsize, kv_block, train, "heldout-fit"),
+                           [s.shape for s in held], [s.seconds for s in held]) if held else []
+    model = fit(cfg, itemsize, kv_block, samples, f"{os.uname().nodename}-cpu")
     all_errs = relative_errors(model, [s.shape for s in samples], [s.seconds for s in samples])
     local = {str(c): model.threshold(c) for c in CACHED}
     d = model.device
     report = {
-        "model": built.model_name, "engine": {"max_chunk": engine.grid.max_chunk,
-                                              "max_batch_tokens": engine.grid.max_batch_tokens},
+        "model": model_name, "engine": grid,
         "latency_model": model.to_dict(),
         "heldout_median_rel_error": statistics.median(errs) if errs else None,
         "heldout_max_rel_error": max(errs) if errs else None,
@@ -96,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, f, indent=1)
     print(f"fitted: overhead {1e3 * d.step_overhead_s:.2f} ms, gemm {d.peak_flops / 1e9:.1f} "
           f"GFLOP/s, weights {d.mem_bandwidth / 1e9:.1f} GB/s, attention "
-          f"{d.attn_rate / 1e9:.1f} GFLOP/s, K/V {d.kv_rate / 1e9:.1f} GB/s")
+          f"{d.attn_rate / 1e9:.1f} GFLOP/s (ragged path {d.ragged_rate / 1e9:.1f}), K/V "
+          f"{d.kv_rate / 1e9:.1f} GB/s, attention compute and K/V "
+          f"{'overlapped (max)' if d.attn_overlap else 'added'}")
     if errs:
         print(f"held-out shapes: {len(errs)}, median relative error {100 * statistics.median(errs):.1f}% "
               f"(max {100 * max(errs):.1f}%; goal < 15%)")
-    print(f"threshold on this machine ({built.model_name}): "
+    print(f"threshold on this machine ({model_name}): "
           + ", ".join(f"{v} new tokens over {c} cached" for c, v in local.items()))
     for name, th in report["gpu_threshold_qwen2.5-32b_bf16"].items():
         print(f"threshold {name} qwen2.5-32b bf16: "

@@ -100,6 +100,43 @@ def test_fit_recovers_a_known_device():
     assert abs(fitted.threshold(0) - LatencyModel(BENCH, 4, dev, 256).threshold(0)) <= 3
 
 
+def test_cpu_form_attention_adds_and_ragged_has_its_own_rate():
+    """attn_overlap=False: attention compute and K/V traffic add; the ragged path (several short
+    rows) runs at its own rate, the blocked path (one sequence, long chunks) at attn_flops."""
+    dev = DeviceSpec("cpu", 200e9, 1e30, 5e-3, attn_flops=100e9, kv_bandwidth=6e9,
+                     ragged_attn_flops=60e9, attn_overlap=False)
+    m = LatencyModel(BENCH, 4, dev, kv_block=256)
+    ragged = StepShape.bucketed((16,) * 4, (1000,) * 4, 4, 16)
+    blocked = StepShape.bucketed((512,), (1000,), 1, 512)
+    for shape, rate in ((ragged, 60e9), (blocked, 100e9)):
+        c = step_cost(BENCH, 4, shape, 256)
+        assert c.ragged == (shape is ragged)
+        assert m.predict(shape) == pytest.approx(
+            5e-3 + c.gemm_flops / 200e9 + c.attn_flops / rate + c.kv_bytes / 6e9)
+    # the GPU form (default) keeps the max, and one attention rate
+    gpu = LatencyModel(BENCH, 4, DeviceSpec("g", 200e9, 1e30, 5e-3, 100e9, 6e9), 256)
+    c = step_cost(BENCH, 4, ragged, 256)
+    assert gpu.predict(ragged) == pytest.approx(
+        5e-3 + c.gemm_flops / 200e9 + max(c.attn_flops / 100e9, c.kv_bytes / 6e9))
+
+
+def test_fit_finds_the_attention_form_and_the_ragged_rate():
+    """Timings made by a CPU-form device (added attention terms, a slower ragged path) are
+    fitted back: the form, the two attention rates, and held-out predictions."""
+    dev = DeviceSpec("truth", 200e9, 1e30, 5e-3, attn_flops=100e9, kv_bandwidth=6e9,
+                     ragged_attn_flops=50e9, attn_overlap=False)
+    shapes, secs = _synthetic(dev, 64, 2)
+    fitted = LatencyModel.fit(BENCH, 4, shapes[:48], secs[:48], kv_block=256)
+    assert statistics.median(relative_errors(fitted, shapes[48:], secs[48:])) < 0.03
+    assert fitted.device.attn_overlap is False
+    assert fitted.device.ragged_rate == pytest.approx(50e9, rel=0.2)
+    assert fitted.device.attn_rate == pytest.approx(100e9, rel=0.2)
+    # the session-1 form could not tell the two paths apart: a worse fit on the same data
+    one_rate = LatencyModel(BENCH, 4, DeviceSpec("x", 200e9, 1e30, 5e-3, 75e9, 6e9), 256)
+    assert (statistics.median(relative_errors(one_rate, shapes, secs))
+            > 3 * statistics.median(relative_errors(fitted, shapes, secs)))
+
+
 def test_fit_is_non_negative():
     shapes, secs = _synthetic(DeviceSpec("t", 50e9, 1e12, 1e-3), 20, 1)
     from laps_jax.scheduler.latency_model import step_cost as sc
@@ -117,6 +154,7 @@ def test_isolated_prefill_is_chunked_into_buckets():
 
 
 def test_model_round_trips_through_json():
-    m = LatencyModel(BENCH, 4, H200, 256)
-    again = LatencyModel.from_dict(m.to_dict(), BENCH)
-    assert again == m
+    for dev in (H200, DeviceSpec("cpu", 2e11, 1e30, 5e-3, 1e11, 6e9, 6e10, False)):
+        m = LatencyModel(BENCH, 4, dev, 256)
+        again = LatencyModel.from_dict(m.to_dict(), BENCH)
+        assert again == m

@@ -286,6 +286,20 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
                                                                                 "laps": 60}
 
 
+def test_capacity_is_measured_over_several_bursts():
+    """compare's capacity: one rate per burst (requests / seconds), every burst run."""
+    from laps_jax.scheduler.compare import measure_capacity
+    seconds = iter([4.0, 2.0, 5.0])
+    calls = []
+
+    def burst():
+        calls.append(1)
+        return [object()] * 24, None, next(seconds)
+    assert measure_capacity(burst, 3) == [6.0, 12.0, 4.8]
+    assert len(calls) == 3
+    assert measure_capacity(lambda: ([1, 2], None, 1.0), 0) == [2.0]  # at least one burst
+
+
 # -- calibration against real runs (validation) --------------------------------------------------
 def test_calibration_scales_each_kind_and_its_jitter_is_seeded():
     from laps_jax.sim.executor import Calibration
@@ -342,3 +356,27 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     assert other["mixed"] == same["mixed"] and other["laps"] != same["laps"]
     with pytest.raises(ValueError, match="unknown laps settings"):
         same_speed(ValidationOptions(str(tmp_path), round=1), {"budget": 1})
+    no_window = same_speed(ValidationOptions(str(tmp_path), round=1), {"window_mode": "off"})
+    assert no_window["mixed"] == same["mixed"]
+
+
+def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):
+    """--profile changes what simulated steps cost, never what the scheduler planned with: a
+    profile of the run's device uniformly 2x slower calibrates back to factor ~0.5 (decode
+    steps' mix differs a little in the uncalibrated pass), and the cells then come within 10%
+    only if the dispatcher still plans (windows, deadlines, aging) with the run's own model
+    (planning with the slow model: 23% off)."""
+    import json
+
+    from laps_jax.sim.validate import ValidationOptions, scaled, validate
+    out = _simulated_compare(tmp_path / "run")
+    model = LatencyModel.from_dict(out["run"]["latency_model"], PRESETS["bench-cpu"])
+    slow = scaled(model, 2.0)
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps({"model": "bench-cpu", "latency_model": slow.to_dict()}))
+    r = validate(ValidationOptions(str(tmp_path / "run"), calibrate=True, round=1,
+                                   profile=str(path)))
+    for mode in ("mixed", "laps"):
+        assert all(v == pytest.approx(0.5, rel=0.02)
+                   for v in r["speed_factors"][mode]["scale"].values())
+    assert r["worst_abs_error"] < 0.1

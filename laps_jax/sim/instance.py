@@ -73,8 +73,11 @@ class InstanceSpec:
 
 
 def build_dispatcher(spec: InstanceSpec, cfg: ModelConfig, model: LatencyModel, clock: Clock,
-                     name: str = "i0", grid: BucketGrid | None = None) -> Dispatcher:
-    """A dispatcher (not started) over simulated executors that follow `spec`."""
+                     name: str = "i0", grid: BucketGrid | None = None,
+                     plan_model: LatencyModel | None = None) -> Dispatcher:
+    """A dispatcher (not started) over simulated executors that follow `spec`; steps last what
+    `model` predicts, the scheduler plans with `plan_model` (default: the same model; validation
+    gives it the one the real run planned with)."""
     grid = grid or spec.grid.build()
     pages = spec.kv_cache_tokens // spec.page_size + 1
     shared = (SharedDevice(spec.spatial_overlap)
@@ -88,7 +91,7 @@ def build_dispatcher(spec: InstanceSpec, cfg: ModelConfig, model: LatencyModel, 
 
     long = executor("long") if spec.mode == "laps-spatial" else None
     return Dispatcher(executor("short" if long else spec.mode), spec.mode, spec.scheduler,
-                      long_engine=long, clock=clock, latency_model=model)
+                      long_engine=long, clock=clock, latency_model=plan_model or model)
 
 
 def executors(d: Dispatcher) -> list[SimStepExecutor]:

@@ -21,7 +21,7 @@ from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.scheduler import compare, report
 from laps_jax.scheduler.clock import SimClock, run_simulated
-from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
+from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
 from laps_jax.scheduler.window import WindowConfig
@@ -80,8 +80,10 @@ def _options(run: dict) -> compare.CompareOptions:
 def scaled(model: LatencyModel, f: float) -> LatencyModel:
     """The same model on a device f times slower (every predicted step x f)."""
     d = model.device
-    dev = DeviceSpec(f"{d.name}x{f:.3f}", d.peak_flops / f, d.mem_bandwidth / f,
-                     d.step_overhead_s * f, d.attn_rate / f, d.kv_rate / f)
+    dev = dataclasses.replace(d, name=f"{d.name}x{f:.3f}", peak_flops=d.peak_flops / f,
+                              mem_bandwidth=d.mem_bandwidth / f,
+                              step_overhead_s=d.step_overhead_s * f, attn_flops=d.attn_rate / f,
+                              kv_bandwidth=d.kv_rate / f, ragged_attn_flops=d.ragged_rate / f)
     return dataclasses.replace(model, device=dev)
 
 
@@ -215,7 +217,7 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
 
     async def main():
         clock = SimClock()
-        d = build_dispatcher(spec, cfg, model, clock, mode, grid)
+        d = build_dispatcher(spec, cfg, model, clock, mode, grid, plan_model=slo_model)
         await d.start()
         if isinstance(work, SessionTrace):
             stats = await replay_sessions(d, work, o.time_scale, slo_fn, clock, max_len,
@@ -302,12 +304,18 @@ def _load_round(vo: ValidationOptions) -> tuple[dict, dict[str, list[dict]]]:
     return comp, real
 
 
+def step_model(vo: ValidationOptions, run: dict) -> LatencyModel:
+    """What simulated steps cost: `--profile` if given, else the model the run recorded (the
+    scheduler always plans with the recorded one, as the real run did)."""
+    if vo.profile:
+        return from_profile(vo.profile, run["model"]).model
+    return LatencyModel.from_dict(run["latency_model"], PRESETS[run["model"]])
+
+
 def validate(vo: ValidationOptions) -> dict:
     comp, real = _load_round(vo)
     run = comp["run"]
-    cfg = PRESETS[run["model"]]
-    model = (from_profile(vo.profile, run["model"]).model if vo.profile
-             else LatencyModel.from_dict(run["latency_model"], cfg))
+    model = step_model(vo, run)
     rows, factors, overlap, host, lateness = [], {}, None, {}, {}
     cals: dict[str, Calibration] = {}
     base = vo  # `vo` below: these options plus this mode's measured host overhead
@@ -361,7 +369,7 @@ def validate(vo: ValidationOptions) -> dict:
 
 
 SAME_SPEED_SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
-                       "decode_gap_s": float}
+                       "decode_gap_s": float, "window_mode": str}
 
 
 def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
@@ -379,7 +387,7 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
     run = comp["run"]
     if "mixed" not in real or "laps" not in real:
         raise ValueError(f"{vo.run_dir}: same-speed ratios need mixed and laps in the run")
-    model = LatencyModel.from_dict(run["latency_model"], PRESETS[run["model"]])
+    model = step_model(vo, run)
     lanes = comp["metrics"]["mixed"]["lanes"]
     vo = dataclasses.replace(vo, host_overhead_s=host_seconds_per_step(lanes) or 0.0,
                              submit_late_s=submit_lateness(real["mixed"]) or 0.0)
@@ -388,7 +396,10 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
     if trace:
         run = dict(run, trace=trace)
         mixed, _ = simulate_mode("mixed", run, model, vo_cal)
-    laps, _ = simulate_mode("laps", dict(run, **(laps_settings or {})), model, vo_cal)
+    laps_run = dict(run, **(laps_settings or {}))
+    if "window_mode" in laps_run:  # adaptive, static or off: the short pool's waiting window
+        laps_run["window"] = dict(run["window"], mode=laps_run.pop("window_mode"))
+    laps, _ = simulate_mode("laps", laps_run, model, vo_cal)
     a, b = report.summarize(mixed), report.summarize(laps)
     return {"round": vo.round, "mixed": a, "laps": b, "ratio": report.ratio(b, a),
             "calibration": dataclasses.asdict(cal), "laps_settings": laps_settings or {},
