@@ -97,7 +97,7 @@ def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
                 bar.update(done - bar.n)
             engine.warmup(prompt_logprobs, progress)
     t2 = time.perf_counter()
-    log(f"compiled {len(engine.runner.executables)} bucket executables in {t2 - t1:.1f} s "
-        f"(persistent compilation cache: {cache_dir}; later starts reuse it)")
+    log(f"compiled and ran once {len(engine.runner.executables)} bucket executables in "
+        f"{t2 - t1:.1f} s (persistent compilation cache: {cache_dir}; later starts reuse it)")
     return BuiltEngine(engine, tokenizer, os.path.basename(os.path.normpath(spec)),
                        t1 - t0, t2 - t1)
