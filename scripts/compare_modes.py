@@ -60,6 +60,10 @@ def parse(argv):
     s.add_argument("--profile", default=None,
                    help="profile JSON from scripts/profile_latency.py (default: profile 24 "
                         "shapes now)")
+    s.add_argument("--no-rescale-profile", action="store_true",
+                   help="use --profile's rates as they are (default: time 8 of its shapes "
+                        "now and scale the model by how much slower or faster they run: SLOs "
+                        "and plans then fit this machine's speed this hour)")
     s.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
                    help="short-pool waiting window: adaptive (arrival rate and SLO slack), "
                         "static (--static-window seconds) or off (dispatch at once; ablation)")
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
         buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order,
         decode_gap_s=args.decode_gap, long_budget_tokens=args.long_budget, repeats=args.repeats,
         time_scale=args.time_scale, profile=args.profile,
+        rescale_profile=not args.no_rescale_profile,
         capacity_requests=args.capacity_requests,
         capacity_repeats=args.capacity_repeats, max_output=args.max_output,
         capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,

@@ -178,3 +178,24 @@ async def test_a_short_follow_up_of_a_long_conversation_is_short(engines):
     assert s1.pool == LONG and s1.new_tokens == 200
     assert s2.pool == SHORT and s2.cached_tokens >= 200 and s2.new_tokens <= 16
     assert m.lanes[0].executor.prefix_hit_tokens >= 200
+
+
+def test_profile_speed_factor_times_its_shapes_now(engines):
+    """compare_modes rescales a profile to the machine's speed now: its shapes (buckets of
+    this engine only) are timed again and the median now/then ratio returned. A profile whose
+    timings are half of today's says the machine is ~2x slower now."""
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.scheduler.profiling import Sample, profile, speed_factor
+    e = engines[0]
+    shapes = [StepShape.bucketed((n,) * b, (c,) * b, b, t)
+              for b, t, n, c in [(1, 16, 16, 0), (1, 32, 30, 64), (1, 64, 64, 128), (2, 64, 50, 0),
+                                 (4, 16, 12, 32), (4, 1, 1, 100), (2, 32, 32, 200),
+                                 (1, 64, 40, 300)]]
+    then = [Sample(s.shape, s.seconds / 2) for s in profile(e, shapes, reps=3)]
+    events = jax_compile_events()
+    not_a_bucket = Sample(StepShape.bucketed((5,) * 3, (0,) * 3, 3, 5), 1e-3)
+    f, n = speed_factor(e, then + [not_a_bucket], n=8, reps=3)
+    assert n == 8 and jax_compile_events() == events  # the odd shape skipped, not compiled
+    assert 1.4 < f < 2.8
+    assert speed_factor(e, [not_a_bucket]) == (1.0, 0)
+    e.kv.clear_prefix_cache()

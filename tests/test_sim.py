@@ -368,10 +368,10 @@ def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):
     (planning with the slow model: 23% off)."""
     import json
 
-    from laps_jax.sim.validate import ValidationOptions, scaled, validate
+    from laps_jax.sim.validate import ValidationOptions, validate
     out = _simulated_compare(tmp_path / "run")
     model = LatencyModel.from_dict(out["run"]["latency_model"], PRESETS["bench-cpu"])
-    slow = scaled(model, 2.0)
+    slow = model.scaled(2.0)
     path = tmp_path / "slow.json"
     path.write_text(json.dumps({"model": "bench-cpu", "latency_model": slow.to_dict()}))
     r = validate(ValidationOptions(str(tmp_path / "run"), calibrate=True, round=1,

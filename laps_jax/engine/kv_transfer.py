@@ -74,6 +74,11 @@ class KVTransfer:
             self._gathers[n] = jax.jit(_gather).lower(kc, vc, idx).compile()
             self._scatters[n] = jax.jit(_scatter, donate_argnums=(0, 1)).lower(
                 kc, vc, idx, data, data).compile()
+        for n in self.sizes:  # run each once (XLA's first run is slow), trash page 0 only
+            trash = np.zeros(n, np.int32)
+            k, v = self._gathers[n](r.k_cache, r.v_cache, trash)
+            r.k_cache, r.v_cache = self._scatters[n](r.k_cache, r.v_cache, trash, k, v)
+        jax.block_until_ready((r.k_cache, r.v_cache))
 
     def _index(self, pages: list[int]) -> np.ndarray:
         idx = np.zeros(self.bucket(len(pages)), np.int32)  # padding reads/writes trash page 0

@@ -29,7 +29,8 @@ from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
-from laps_jax.scheduler.profiling import kv_block_of, plan_shapes, profile
+from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, profile,
+                                          speed_factor)
 from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.scheduler.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
@@ -61,6 +62,7 @@ class CompareOptions:
     buckets: bool = True               # False: one prefill executable (1 x max_chunk)
     time_scale: float | None = None    # None: from the measured capacity and `load`
     profile: str | None = None
+    rescale_profile: bool = True       # time some of the profile's shapes now; scale the model
     capacity_requests: int = 24
     capacity_repeats: int = 3          # bursts measured; the median sets the time scale
     max_output: int | None = None      # cap on output tokens per request (decode is costly here)
@@ -88,15 +90,25 @@ def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
     return made[0], (made[1] if len(made) > 1 else None), loaded
 
 
-def _latency_model(o: CompareOptions, engine: Engine, log) -> LatencyModel:
+def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel, float | None]:
+    """(model, speed factor applied to the profile or None)."""
     if o.profile:
-        return LatencyModel.load(o.profile, engine.cfg)
+        model = LatencyModel.load(o.profile, engine.cfg)
+        if not o.rescale_profile:
+            return model, None
+        with open(o.profile) as f:
+            samples = [Sample.from_dict(d) for d in json.load(f).get("samples", [])]
+        f, n = speed_factor(engine, samples)
+        engine.kv.clear_prefix_cache()
+        log(f"profile rescaled to this machine now: {n} of its shapes run {f:.2f}x their "
+            f"profiled time")
+        return model.scaled(f), f
     log("no --profile: timing 24 shapes for the latency model")
     samples = profile(engine, plan_shapes(engine, 24, seed=o.seed), reps=2)
     engine.kv.clear_prefix_cache()
     return LatencyModel.fit(engine.cfg, engine.runner.kv_dtype.itemsize,
                             [s.shape for s in samples], [s.seconds for s in samples],
-                            kv_block_of(engine), "quick-profile")
+                            kv_block_of(engine), "quick-profile"), None
 
 
 def _workload(o: CompareOptions, vocab: int, max_len: int):
@@ -221,12 +233,12 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             raise ValueError("--simulate needs --profile (the latency model to simulate with)")
         model_cfg, _ = resolve_model(o.model)
         engine = long_engine = None
-        model = LatencyModel.load(o.profile, model_cfg)
+        model, speed = LatencyModel.load(o.profile, model_cfg), None
         max_len = min(o.ecfg.max_model_len, model_cfg.max_position_embeddings)
         vocab = model_cfg.vocab_size
     else:
         engine, long_engine, loaded = _engines(o, log)
-        model = _latency_model(o, engine, log)
+        model, speed = _latency_model(o, engine, log)
         max_len, vocab = engine.ecfg.max_model_len, loaded.cfg.vocab_size
     execute = _executor(o, o.simulate, (engine, long_engine), model)
     ref_grid = BucketGrid.default(o.ecfg.max_chunk, o.ecfg.max_prefill_batch,
@@ -309,6 +321,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "long_budget_tokens": o.long_budget_tokens,
         "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),
         "latency_model": model.to_dict(), "simulated": o.simulate,
+        "profile": o.profile, "profile_speed_factor": speed,
     }
     out["metrics"] = metrics
     if len(rounds) > 1:  # every round's summaries; `ratio` above is the median over rounds

@@ -208,6 +208,16 @@ class LatencyModel:
                 lo = mid + 1
         return lo
 
+    def scaled(self, f: float) -> "LatencyModel":
+        """The same model on a device f times slower (every predicted step x f)."""
+        d = self.device
+        dev = dataclasses.replace(d, name=f"{d.name}x{f:.3f}", peak_flops=d.peak_flops / f,
+                                  mem_bandwidth=d.mem_bandwidth / f,
+                                  step_overhead_s=d.step_overhead_s * f,
+                                  attn_flops=d.attn_rate / f, kv_bandwidth=d.kv_rate / f,
+                                  ragged_attn_flops=d.ragged_rate / f)
+        return dataclasses.replace(self, device=dev)
+
     def to_dict(self) -> dict:
         return {"model": self.cfg.name, "itemsize": self.itemsize, "kv_block": self.kv_block,
                 "device": self.device.to_dict()}

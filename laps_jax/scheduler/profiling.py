@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import time
 from typing import Callable
 
@@ -99,6 +100,27 @@ def profile(engine: Engine, shapes: list[StepShape], reps: int = 3,
         for i, smp in enumerate(out):
             progress(i + 1, len(out), smp)
     return out
+
+
+def speed_factor(engine: Engine, samples: list[Sample], n: int = 8,
+                 reps: int = 3) -> tuple[float, int]:
+    """(how many times slower this machine runs these shapes now than when `samples` were
+    timed, shapes timed): the median of now/then over up to `n` samples spread across their
+    durations, each still a bucket of this engine. A shared VM's speed drifts by tens of percent
+    between hours; a profile from another hour would set SLOs and plans for another machine."""
+    grid, limit = engine.grid, engine.ecfg.max_model_len
+    usable = sorted((s for s in samples
+                     if (b := grid.fit(s.shape.batch, s.shape.tokens)) is not None
+                     and (b.batch, b.tokens) == (s.shape.batch, s.shape.tokens)
+                     and max(s.shape.cached) + s.shape.tokens <= limit),
+                    key=lambda s: s.seconds)
+    if not usable:
+        return 1.0, 0
+    step = max(1, len(usable) // n)
+    chosen = usable[::step][:n]
+    now = profile(engine, [s.shape for s in chosen], reps)
+    ratios = sorted(a.seconds / b.seconds for a, b in zip(now, chosen))
+    return statistics.median(ratios), len(chosen)
 
 
 def split_holdout(samples: list[Sample], frac: float = 0.25,

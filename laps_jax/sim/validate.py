@@ -77,16 +77,6 @@ def _options(run: dict) -> compare.CompareOptions:
         max_output=run.get("max_output"), seed=run.get("seed", 0))
 
 
-def scaled(model: LatencyModel, f: float) -> LatencyModel:
-    """The same model on a device f times slower (every predicted step x f)."""
-    d = model.device
-    dev = dataclasses.replace(d, name=f"{d.name}x{f:.3f}", peak_flops=d.peak_flops / f,
-                              mem_bandwidth=d.mem_bandwidth / f,
-                              step_overhead_s=d.step_overhead_s * f, attn_flops=d.attn_rate / f,
-                              kv_bandwidth=d.kv_rate / f, ragged_attn_flops=d.ragged_rate / f)
-    return dataclasses.replace(model, device=dev)
-
-
 def step_seconds(lanes: list[dict]) -> float:
     return sum(l["counters"]["prefill_seconds"] + l["counters"]["decode_seconds"] for l in lanes)
 
@@ -339,7 +329,7 @@ def validate(vo: ValidationOptions) -> dict:
         elif vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
             # the machine's speed as laps saw it; the sharing is fitted
             m, v = ((model, dataclasses.replace(vo, calibration=cals["laps"])) if "laps" in cals
-                    else (scaled(model, factors["laps"]), vo))
+                    else (model.scaled(factors["laps"]), vo))
             overlap = fit_overlap(run, m, v, measured)
             stats, lanes = simulate_mode(mode, run, m, dataclasses.replace(v, spatial_overlap=overlap))
             factors[mode] = factors["laps"]
@@ -351,7 +341,7 @@ def validate(vo: ValidationOptions) -> dict:
             f = 1.0
             for _ in range(3):
                 f *= real_mean / (step_seconds(lanes) / max(1, num_steps(lanes)))
-                stats, lanes = simulate_mode(mode, run, scaled(model, f), vo)
+                stats, lanes = simulate_mode(mode, run, model.scaled(f), vo)
             factors[mode] = f
         else:
             stats, lanes = simulate_mode(mode, run, model, vo)
