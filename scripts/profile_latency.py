@@ -6,9 +6,9 @@ Times the engine's compiled prefill buckets over (batch, new tokens, cached toke
 roofline (overhead + GEMM + attention, each bound by compute or memory) by non-negative least
 squares on 75% of the shapes, reports the median relative error on the other 25%, then refits
 on all of them and writes the model. `--from-samples` refits an earlier profile's timings (no
-engine, nothing compiled). Prints
-the threshold (new tokens where prefill turns compute-bound) on this machine and, from datasheet
-and measured H200 figures, for the qwen2.5-32b preset in bf16.
+engine, nothing compiled). Prints the threshold (new tokens where prefill turns compute-bound)
+on this machine and, from datasheet and measured H200 figures, for the qwen2.5-32b preset in
+bf16.
 """
 
 from __future__ import annotations
@@ -59,13 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         args.model = "bench-cpu"
 
     if args.from_samples:
-        with open(args.from_samples) as f:
-            earlier = json.load(f)
-        samples = [Sample.from_dict(d) for d in earlier["samples"]]
-        model_name, grid = earlier["model"], earlier["engine"]
-        cfg, _ = resolve_model(model_name)
-        itemsize = int(earlier["latency_model"]["itemsize"])
-        kv_block = int(earlier["latency_model"].get("kv_block", 1))
+        try:
+            with open(args.from_samples) as f:
+                earlier = json.load(f)
+            samples = [Sample.from_dict(d) for d in earlier["samples"]]
+            model_name, grid = earlier["model"], earlier["engine"]
+            cfg, _ = resolve_model(model_name)
+            itemsize = int(earlier["latency_model"]["itemsize"])
+            kv_block = int(earlier["latency_model"].get("kv_block", 1))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--from-samples {args.from_samples}: not a profile of this script "
+                     f"({type(e).__name__}: {e})")
     else:
         built = build_engine(args)
         engine = built.engine

@@ -100,6 +100,9 @@ def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel
             samples = [Sample.from_dict(d) for d in json.load(f).get("samples", [])]
         f, n = speed_factor(engine, samples)
         engine.kv.clear_prefix_cache()
+        if n == 0:
+            log("profile kept as it is: none of its shapes is a bucket of this engine")
+            return model, None
         log(f"profile rescaled to this machine now: {n} of its shapes run {f:.2f}x their "
             f"profiled time")
         return model.scaled(f), f
@@ -141,9 +144,10 @@ def _capacity_work(work, n: int) -> list[OpenRequest]:
 
 
 def measure_capacity(burst: Callable[[], tuple], repeats: int) -> list[float]:
-    """Requests/s of `repeats` (>= 1) replays of one burst. The caller takes the median: one
-    burst on this shared VM gave 11.5 and 12.4 req/s for the same code a session apart, and
-    the load every goal is measured at follows it."""
+    """Requests/s of `repeats` (>= 1) replays of one burst; the caller takes the median, and
+    the load every goal is measured at follows it. A single burst right after start-up once
+    measured 7.1 req/s where the next two gave 11.2 (XLA's slow first runs, since primed at
+    warm-up), and this shared VM's speed drifts between bursts too."""
     measured = []
     for _ in range(max(1, repeats)):
         stats, _, seconds = burst()
