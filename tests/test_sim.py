@@ -339,11 +339,17 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     """The calibrated validation replays a run the simulator itself made: speed factors 1, no
     jitter or lateness to add, every TTFT cell exact; and at the same speed laps/mixed is the
     run's own ratio."""
+    import json
+
     from laps_jax.sim.validate import ValidationOptions, same_speed, validate
     out = _simulated_compare(tmp_path)
+    comp = json.loads((tmp_path / "comparison.json").read_text())
+    comp["rounds"][1]["laps"]["others_cpu_share"] = 0.25  # a busy neighbour in round 2 only
+    (tmp_path / "comparison.json").write_text(json.dumps(comp))
     for rnd in (1, 2):
         r = validate(ValidationOptions(str(tmp_path), calibrate=True, round=rnd))
         assert r["cells"] >= 6 and r["worst_abs_error"] < 1e-6
+        assert r["others_cpu_share"]["laps"] == (0.25 if rnd == 2 else None)  # that round's
         for mode in ("mixed", "laps"):
             cal = r["speed_factors"][mode]
             assert all(v == pytest.approx(1.0) for v in cal["scale"].values())

@@ -281,8 +281,8 @@ def fit_overlap(run: dict, model: LatencyModel, vo: ValidationOptions, measured:
 
 
 def _load_round(vo: ValidationOptions) -> tuple[dict, dict[str, list[dict]]]:
-    """The run's comparison.json with `metrics` set to round `vo.round`'s lane counters, and
-    that round's requests per mode."""
+    """The run's comparison.json with `metrics` and the per-mode summaries set to round
+    `vo.round`'s, and that round's requests per mode."""
     with open(os.path.join(vo.run_dir, "comparison.json")) as f:
         comp = json.load(f)
     real = real_requests(vo.run_dir, vo.round)
@@ -291,6 +291,8 @@ def _load_round(vo: ValidationOptions) -> tuple[dict, dict[str, list[dict]]]:
                          f"({run_rounds(comp)} kept)")
     if "metrics_rounds" in comp:
         comp = dict(comp, metrics=comp["metrics_rounds"][vo.round - 1])
+    if "rounds" in comp:  # the top-level summaries are round 1's
+        comp = dict(comp, **comp["rounds"][vo.round - 1])
     return comp, real
 
 
