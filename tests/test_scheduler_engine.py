@@ -180,7 +180,7 @@ async def test_a_short_follow_up_of_a_long_conversation_is_short(engines):
     assert m.lanes[0].executor.prefix_hit_tokens >= 200
 
 
-def test_profile_speed_factor_times_its_shapes_now(engines, monkeypatch):
+def test_profile_speed_factor_times_its_shapes_now(engines, monkeypatch, tmp_path):
     """compare_modes rescales a profile to the machine's speed now: its shapes (buckets of
     this engine only) run again on the engine and the median now/then ratio is returned. Step
     times are made deterministic here (rows x tokens ms): a profile of half those says 2x."""
@@ -205,4 +205,17 @@ def test_profile_speed_factor_times_its_shapes_now(engines, monkeypatch):
     assert n == 8 and jax_compile_events() == events  # the odd shape skipped, not compiled
     assert f == pytest.approx(2.0)
     assert speed_factor(e, [not_a_bucket]) == (1.0, 0)
+    # load_profile (compare_modes --profile, serve.py --latency-profile) applies it
+    import json
+
+    from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
+    from laps_jax.scheduler.profiling import load_profile
+    base = LatencyModel(CFG, 4, DeviceSpec("then", 1e11, 1e10, 2e-3, 5e10, 5e9, 3e10, False))
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"model": "tiny", "latency_model": base.to_dict(),
+                                "samples": [x.to_dict() for x in then]}))
+    model, f = load_profile(str(path), e)
+    shape = StepShape.exact((40,), (100,))
+    assert f == pytest.approx(2.0) and model.predict(shape) == pytest.approx(2 * base.predict(shape))
+    assert load_profile(str(path), e, rescale=False) == (base, None)
     e.kv.clear_prefix_cache()

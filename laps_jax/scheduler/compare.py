@@ -29,8 +29,7 @@ from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
-from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, profile,
-                                          speed_factor)
+from laps_jax.scheduler.profiling import kv_block_of, load_profile, plan_shapes, profile
 from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.scheduler.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
@@ -93,19 +92,11 @@ def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
 def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel, float | None]:
     """(model, speed factor applied to the profile or None)."""
     if o.profile:
-        model = LatencyModel.load(o.profile, engine.cfg)
-        if not o.rescale_profile:
-            return model, None
-        with open(o.profile) as f:
-            samples = [Sample.from_dict(d) for d in json.load(f).get("samples", [])]
-        f, n = speed_factor(engine, samples)
-        engine.kv.clear_prefix_cache()
-        if n == 0:
-            log("profile kept as it is: none of its shapes is a bucket of this engine")
-            return model, None
-        log(f"profile rescaled to this machine now: {n} of its shapes run {f:.2f}x their "
-            f"profiled time")
-        return model.scaled(f), f
+        model, f = load_profile(o.profile, engine, o.rescale_profile)
+        if o.rescale_profile:
+            log(f"profile rescaled to this machine now: its shapes run {f:.2f}x their profiled "
+                f"time" if f is not None else "profile kept: none of its shapes is a bucket here")
+        return model, f
     log("no --profile: timing 24 shapes for the latency model")
     samples = profile(engine, plan_shapes(engine, 24, seed=o.seed), reps=2)
     engine.kv.clear_prefix_cache()

@@ -9,6 +9,7 @@ the shapes is held out of the fit to measure prediction error honestly.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import statistics
 import time
@@ -16,7 +17,7 @@ from typing import Callable
 
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.runner import SeqInput
-from laps_jax.scheduler.latency_model import StepShape
+from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 
 
 @dataclasses.dataclass
@@ -121,6 +122,22 @@ def speed_factor(engine: Engine, samples: list[Sample], n: int = 8,
     now = profile(engine, [s.shape for s in chosen], reps)
     ratios = sorted(a.seconds / b.seconds for a, b in zip(now, chosen))
     return statistics.median(ratios), len(chosen)
+
+
+def load_profile(path: str, engine: Engine,
+                 rescale: bool = True) -> tuple[LatencyModel, float | None]:
+    """(the latency model of a profile JSON for `engine`, the speed factor applied or None).
+    With `rescale` some of its shapes run again now and the model is scaled by how much slower
+    or faster they are (`speed_factor`); shapes that are no bucket of this engine are skipped,
+    and with none left the profile is kept as it is."""
+    with open(path) as f:
+        d = json.load(f)
+    model = LatencyModel.from_dict(d["latency_model"], engine.cfg)
+    if not rescale:
+        return model, None
+    f, n = speed_factor(engine, [Sample.from_dict(x) for x in d.get("samples", [])])
+    engine.kv.clear_prefix_cache()
+    return (model.scaled(f), f) if n else (model, None)
 
 
 def split_holdout(samples: list[Sample], frac: float = 0.25,

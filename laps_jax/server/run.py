@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short/long cut in new tokens (default: from --latency-profile, else 256)")
     s.add_argument("--latency-profile", default=None,
                    help="profile.json from scripts/profile_latency.py (calibrates the threshold "
-                        "and the waiting window)")
+                        "and the waiting window); some of its shapes are timed again at start "
+                        "and the model scaled to this machine's speed now")
+    s.add_argument("--no-rescale-profile", action="store_true",
+                   help="use --latency-profile's rates as they are")
     add_engine_args(ap)
     return ap
 
@@ -70,8 +73,10 @@ async def serve(args, log) -> int:
         engines.append(long_engine)
     model = None
     if args.latency_profile:
-        from laps_jax.scheduler.latency_model import LatencyModel
-        model = LatencyModel.load(args.latency_profile, built.engine.cfg)
+        from laps_jax.scheduler.profiling import load_profile
+        model, f = load_profile(args.latency_profile, built.engine, not args.no_rescale_profile)
+        if f is not None:
+            log(f"latency profile rescaled: its shapes run {f:.2f}x their profiled time here")
     dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold),
                             long_engine=long_engine, latency_model=model)
     await dispatcher.start()
