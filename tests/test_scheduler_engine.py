@@ -218,4 +218,8 @@ def test_profile_speed_factor_times_its_shapes_now(engines, monkeypatch, tmp_pat
     shape = StepShape.exact((40,), (100,))
     assert f == pytest.approx(2.0) and model.predict(shape) == pytest.approx(2 * base.predict(shape))
     assert load_profile(str(path), e, rescale=False) == (base, None)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "tiny"}')
+    with pytest.raises(ValueError, match="bad.json: not a latency profile"):
+        load_profile(str(bad), e)
     e.kv.clear_prefix_cache()

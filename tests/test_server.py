@@ -11,7 +11,7 @@ import aiohttp
 import openai
 import pytest
 
-from server_utils import ServerProcess
+from server_utils import ROOT, ServerProcess
 
 MODEL = "ckpt"
 
@@ -261,3 +261,19 @@ def test_sigterm_finishes_in_flight_and_exits_zero(checkpoint):
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
+
+
+def test_bad_latency_profile_fails_fast_naming_the_file(tmp_path):
+    """serve.py --latency-profile that is no profile: exit 2 with the file and what is wrong,
+    before minutes of compiling (nothing is built)."""
+    import subprocess
+    import sys
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"model": "tiny"}')
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, f"{ROOT}/scripts/serve.py", "--model", "tiny",
+                        "--latency-profile", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert "notes.json: not a latency profile" in r.stderr and "Traceback" not in r.stderr
+    assert "compiled" not in r.stderr and time.perf_counter() - t0 < 60

@@ -124,15 +124,31 @@ def speed_factor(engine: Engine, samples: list[Sample], n: int = 8,
     return statistics.median(ratios), len(chosen)
 
 
+def read_profile(path: str) -> dict:
+    """A profile JSON of scripts/profile_latency.py, or ValueError naming the file."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if not isinstance(d, dict) or not isinstance(d.get("latency_model"), dict):
+            raise ValueError("no latency_model")
+        return d
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a latency profile of scripts/profile_latency.py "
+                         f"({type(e).__name__}: {e})") from None
+
+
 def load_profile(path: str, engine: Engine,
                  rescale: bool = True) -> tuple[LatencyModel, float | None]:
     """(the latency model of a profile JSON for `engine`, the speed factor applied or None).
     With `rescale` some of its shapes run again now and the model is scaled by how much slower
     or faster they are (`speed_factor`); shapes that are no bucket of this engine are skipped,
     and with none left the profile is kept as it is."""
-    with open(path) as f:
-        d = json.load(f)
-    model = LatencyModel.from_dict(d["latency_model"], engine.cfg)
+    d = read_profile(path)
+    try:
+        model = LatencyModel.from_dict(d["latency_model"], engine.cfg)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a latency profile of scripts/profile_latency.py "
+                         f"({type(e).__name__}: {e})") from None
     if not rescale:
         return model, None
     f, n = speed_factor(engine, [Sample.from_dict(x) for x in d.get("samples", [])])

@@ -58,6 +58,9 @@ async def serve(args, log) -> int:
     from laps_jax.server.app import ServerState, create_app
 
     t0 = time.perf_counter()
+    if args.latency_profile:  # a wrong path fails now, not after minutes of compiling
+        from laps_jax.scheduler.profiling import read_profile
+        read_profile(args.latency_profile)
     built = build_engine(args, log=log)
     engines = [built.engine]
     long_engine = None
