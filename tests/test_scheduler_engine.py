@@ -75,9 +75,11 @@ async def test_every_mode_matches_one_at_a_time(engines, mode):
     assert got == expected
     assert {s.pool for s in stats} == {SHORT, LONG}
     assert all(s.ttft is not None and s.ttft > 0 for s in stats)
-    if mode == "laps-spatial":  # every long prefill decoded in the short group, K/V copied over
-        long_done = sum(s.pool == LONG for s in stats)
-        assert m.lanes[0].counters.handoffs_in == long_done > 0
+    if mode == "laps-spatial":  # every prefill of the long group decoded in the short group
+        # (the long group also takes short follow-ups whose history it caches)
+        long_done = sum(s.lane == "long" for s in stats)
+        assert long_done >= sum(s.pool == LONG for s in stats) > 0
+        assert m.lanes[0].counters.handoffs_in == long_done
         assert m.lanes[1].counters.decode_steps == 0
         assert engines[0].kv.num_used == 0 and engines[1].kv.num_used == 0
 

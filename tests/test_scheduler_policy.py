@@ -271,6 +271,46 @@ def test_abort_during_a_decode_step_loses_no_other_request():
     assert all(s.finish_reason == "length" and s.output_tokens == 20 for s in stats[1:])
 
 
+class _SlowRelease(SimExecutor):
+    """Releases take time, as the real executor's hop to its worker thread does."""
+
+    async def release(self, seqs, reason):
+        await self.clock.sleep(0.004)
+        await super().release(seqs, reason)
+
+
+def test_a_hand_off_during_a_decode_steps_abort_release_is_not_lost():
+    """A KV hand-off lands in the short lane while that lane is releasing an aborted decoder
+    after a decode step (the lane used to overwrite its decode list with a copy taken
+    before that await: the handed-off request was dropped and never finished)."""
+    async def main():
+        clock = SimClock()
+        engine = lambda: SimEngine(GRID, 2049, 16, 4096, 1000)
+        d = Dispatcher(_SlowRelease(engine(), MODEL, clock, "short"), "laps-spatial",
+                       SchedulerConfig(threshold=64, window=WindowConfig(mode="off")),
+                       long_engine=SimExecutor(engine(), MODEL, clock, "long"), clock=clock,
+                       latency_model=MODEL)
+        await d.start()
+        longs, shorts = [], []
+        for i in range(40):
+            shorts.append(d.submit([5, i] + [9] * 20, SamplingParams(max_tokens=30)))
+            if i % 2 == 0:
+                longs.append(d.submit([i] + list(range(100, 400)), SamplingParams(max_tokens=6)))
+            await clock.sleep(0.003)
+            shorts[max(0, i - 4)].abort()  # decoding by now
+        while clock.now() < 30 and not all(h.request.done for h in longs):
+            await clock.sleep(0.05)
+        done = [h.request.done for h in longs]
+        m = d.metrics()
+        await d.stop()
+        return done, [await h.result() for h in longs] if all(done) else [], m, d
+    done, stats, m, d = run_simulated(main())
+    assert all(done)
+    assert all(s.finish_reason == "length" and s.output_tokens == 6 for s in stats)
+    assert m.lanes[0].counters.handoffs_in == len(stats)
+    assert [lane.executor.engine.kv.num_used for lane in d.lanes] == [0, 0]
+
+
 def test_cross_pool_aging_lets_a_long_waiter_overtake_a_ready_short_batch():
     from laps_jax.scheduler.policy import LapsPlanner, derive
     for cross, first in (("short-first", SHORT), ("aging", LONG)):

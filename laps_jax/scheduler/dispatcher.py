@@ -179,15 +179,18 @@ class Dispatcher:
             else:
                 src.decoding.append(r)
             return
+        # swap pages and lane before any await: an abort from here on finds the request in
+        # the short lane with its new pages (it used to land in the window of the release
+        # below, with the long lane freeing the short engine's pages: 5 pages leaked)
         old, r.seq.pages = r.seq.pages, new
-        await src.executor.release_pages(old)
         r.lane = dst
-        if r.aborted:
+        if r.aborted:  # aborted while copying: nothing was released yet
             await dst.executor.release([r.seq], "abort")
-            return
-        dst.counters.handoffs_in += 1
-        dst.decoding.append(r)
-        dst.wake.set()
+        else:
+            dst.counters.handoffs_in += 1
+            dst.decoding.append(r)
+            dst.wake.set()
+        await src.executor.release_pages(old)
 
     def _on_finish(self, r: Request) -> None:
         self.live.pop(r.stats.request_id, None)

@@ -166,16 +166,19 @@ class Lane:
         self.counters.record(info)
         now = self.clock.now()
         self.inflight = set()
-        ran = set(batch)
-        rest = [r for r in self.decoding if r not in ran]  # aborts may have removed some
+        ran, kept, aborted = set(batch), [], []
         for r in batch:
             if r.aborted:
-                await self.executor.release([r.seq], "abort")
+                aborted.append(r)
                 continue
             self._deliver(r, now)
             if not r.seq.is_finished:
-                rest.append(r)
-        self.decoding = [r for r in rest if not r.aborted]
+                kept.append(r)
+        # round robin: the batch goes to the back. No await before this line: a hand-off
+        # appends to `decoding` meanwhile, and an older copy of the list would drop it
+        self.decoding = [r for r in self.decoding if r not in ran and not r.aborted] + kept
+        if aborted:
+            await self.executor.release([r.seq for r in aborted], "abort")
         return info.seconds
 
     # -- results --------------------------------------------------------------------------
