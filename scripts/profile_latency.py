@@ -27,7 +27,7 @@ from laps_jax.config import PRESETS, resolve_model  # noqa: E402
 from laps_jax.scheduler.latency_model import (DEVICES, LatencyModel, StepShape,  # noqa: E402
                                               relative_errors)
 from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, profile,  # noqa: E402
-                                          split_holdout)
+                                          read_profile, split_holdout)
 
 CACHED = (0, 256, 1024, 2048)
 
@@ -60,14 +60,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.from_samples:
         try:
-            with open(args.from_samples) as f:
-                earlier = json.load(f)
+            earlier = read_profile(args.from_samples)
+        except ValueError as e:  # the message names the file and what is wrong
+            ap.error(f"--from-samples: {e}")
+        try:
             samples = [Sample.from_dict(d) for d in earlier["samples"]]
             model_name, grid = earlier["model"], earlier["engine"]
             cfg, _ = resolve_model(model_name)
             itemsize = int(earlier["latency_model"]["itemsize"])
             kv_block = int(earlier["latency_model"].get("kv_block", 1))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             ap.error(f"--from-samples {args.from_samples}: not a profile of this script "
                      f"({type(e).__name__}: {e})")
     else:

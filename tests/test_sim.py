@@ -364,6 +364,8 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
         same_speed(ValidationOptions(str(tmp_path), round=1), {"budget": 1})
     no_window = same_speed(ValidationOptions(str(tmp_path), round=1), {"window_mode": "off"})
     assert no_window["mixed"] == same["mixed"]
+    with pytest.raises(ValueError, match="window mode"):  # the setting reaches laps' window
+        same_speed(ValidationOptions(str(tmp_path), round=1), {"window_mode": "bogus"})
 
 
 def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):

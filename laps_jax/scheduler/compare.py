@@ -16,10 +16,9 @@ import asyncio
 import dataclasses
 import json
 import os
+import statistics
 import time
 from typing import Callable
-
-import numpy as np
 
 from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.engine import Engine
@@ -254,7 +253,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             sub = _one_token(sub)
         measured = measure_capacity(lambda: execute("mixed", sub, 0.0, cfg, slo_fn, max_len),
                                     1 if o.simulate else o.capacity_repeats)  # virtual: exact
-        capacity = float(np.median(measured))
+        capacity = statistics.median(measured)
         arrivals = (session_arrivals(work) if isinstance(work, SessionTrace)
                     else [r.arrival_s for r in work])
         time_scale = natural_rate(arrivals) / (o.load * capacity)

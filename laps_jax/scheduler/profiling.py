@@ -120,8 +120,12 @@ def speed_factor(engine: Engine, samples: list[Sample], n: int = 8,
     step = max(1, len(usable) // n)
     chosen = usable[::step][:n]
     now = profile(engine, [s.shape for s in chosen], reps)
-    ratios = sorted(a.seconds / b.seconds for a, b in zip(now, chosen))
-    return statistics.median(ratios), len(chosen)
+    return statistics.median(a.seconds / b.seconds for a, b in zip(now, chosen)), len(chosen)
+
+
+def _not_a_profile(path: str, e: Exception) -> ValueError:
+    return ValueError(f"{path}: not a latency profile of scripts/profile_latency.py "
+                      f"({type(e).__name__}: {e})")
 
 
 def read_profile(path: str) -> dict:
@@ -133,8 +137,7 @@ def read_profile(path: str) -> dict:
             raise ValueError("no latency_model")
         return d
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a latency profile of scripts/profile_latency.py "
-                         f"({type(e).__name__}: {e})") from None
+        raise _not_a_profile(path, e) from None
 
 
 def load_profile(path: str, engine: Engine,
@@ -147,8 +150,7 @@ def load_profile(path: str, engine: Engine,
     try:
         model = LatencyModel.from_dict(d["latency_model"], engine.cfg)
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not a latency profile of scripts/profile_latency.py "
-                         f"({type(e).__name__}: {e})") from None
+        raise _not_a_profile(path, e) from None
     if not rescale:
         return model, None
     f, n = speed_factor(engine, [Sample.from_dict(x) for x in d.get("samples", [])])
