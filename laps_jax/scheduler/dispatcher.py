@@ -101,6 +101,8 @@ class Dispatcher:
             lane.stopping = True
             lane.wake.set()
             await task
+        if self._moves:  # a hand-off may still be freeing the pages it copied from
+            await asyncio.gather(*self._moves, return_exceptions=True)
         for lane in self.lanes:
             await lane.executor.close()
 

@@ -60,6 +60,14 @@ async def errors_and_auth(request: web.Request, handler):
                 raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                                status=401, code="invalid_api_key")
         resp = await handler(request)
+    except asyncio.CancelledError:  # aiohttp cancels the handler of a client that left
+        if state.metrics is not None:
+            state.metrics.requests.labels(endpoint, "499").inc()
+        raise
+    except ConnectionResetError:  # the client went away mid-response: nobody to answer
+        # (aiohttp fails to send this on the closed connection and drops it quietly; 499 is
+        # what the request counter records, as nginx logs a client that closed the request)
+        resp = web.Response(status=499)
     except APIError as e:
         resp = _error(e)
     except web.HTTPRequestEntityTooLarge:
@@ -106,18 +114,24 @@ def _closed(request: web.Request) -> bool:
 async def _events(handle, request: web.Request):
     """The handle's token events; aborts the request if the client goes away meanwhile."""
     it = handle.__aiter__()
-    while True:
-        task = asyncio.ensure_future(it.__anext__())
-        while not task.done():
-            await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
-            if not task.done() and _closed(request):
-                task.cancel()
-                handle.abort()
-                raise ConnectionResetError("client disconnected")
-        try:
-            yield task.result()
-        except StopAsyncIteration:
-            return
+    task = None
+    try:
+        while True:
+            task = asyncio.ensure_future(it.__anext__())
+            while not task.done():
+                await asyncio.wait([task], timeout=DISCONNECT_POLL_S)
+                if not task.done() and _closed(request):
+                    handle.abort()
+                    raise ConnectionResetError("client disconnected")
+            try:
+                yield task.result()
+            except StopAsyncIteration:
+                return
+    finally:  # cancelled or left early: the pending read must not outlive the response
+        if task is not None and not task.done():
+            task.cancel()
+        elif task is not None and not task.cancelled():
+            task.exception()  # a read that ended as the handler was cancelled: no error
 
 
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
