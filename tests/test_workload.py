@@ -62,6 +62,26 @@ def test_azure_timestamp_seven_digits():
     b = parse_azure_timestamp("2023-11-16 18:15:50.9951690")
     assert b - a == pytest.approx(4.314579, abs=1e-6)
     assert parse_azure_timestamp("2023-11-16 18:15:47") - a == pytest.approx(0.31941, abs=1e-6)
+    # the 2024 traces' form (an offset), ISO 'Z', another zone, plain seconds
+    c = parse_azure_timestamp("2023-11-16 18:15:46.680590+00:00")
+    assert c - a == pytest.approx(0.0, abs=1e-6)
+    assert parse_azure_timestamp("2023-11-16T18:15:46.6805900Z") == pytest.approx(a, abs=1e-6)
+    assert parse_azure_timestamp("2023-11-16 20:15:47.5+02:00") - a == pytest.approx(0.81941,
+                                                                                    abs=1e-6)
+    assert parse_azure_timestamp(" 12.5 ") == 12.5
+    for bad in ("2023-11-16 18:15:46.x", "soon", "", "nan"):
+        with pytest.raises(ValueError):
+            parse_azure_timestamp(bad)
+
+
+def test_azure_csv_of_the_2024_form_with_a_bom(tmp_path):
+    path = tmp_path / "azure_2024.csv"
+    path.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+                    "2024-05-10 00:00:00.009930+00:00,4808,10\r\n"
+                    "2024-05-10 00:00:00.509930+00:00,3180,8\r\n", encoding="utf-8")
+    trace = read_azure_csv(path)
+    assert [r.input_len for r in trace] == [4808, 3180]
+    assert [r.arrival_s for r in trace] == pytest.approx([0.0, 0.5])
 
 
 def test_azure_options(azure_full):

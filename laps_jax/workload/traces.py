@@ -12,6 +12,7 @@ import csv
 import datetime as dt
 import math
 import os
+import re
 
 from .records import (Segment, Trace, TraceFormatError, TraceOptions, TraceRequest,
                       iter_json_objects, parse_count, require_field, segment_key)
@@ -21,19 +22,34 @@ MOONCAKE_BLOCK = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-def parse_azure_timestamp(text: str) -> float:
-    """Seconds since the epoch (naive, treated as UTC) of ``2023-11-16 18:15:46.6805900``.
+_STAMP = re.compile(r"(?P<base>[^.]+?)(?:\.(?P<frac>\d+))?(?P<tz>Z|[+-]\d\d:?\d\d)?")
 
-    The trace has 7 fractional digits, which ``datetime.fromisoformat`` rejects before
+
+def parse_azure_timestamp(text: str) -> float:
+    """Seconds since the epoch of ``2023-11-16 18:15:46.6805900`` (naive: UTC), also with an
+    offset or ``Z`` (``2024-05-10 00:00:00.009930+00:00``, as the 2024 traces write it), or
+    plain seconds (``12.5``).
+
+    The 2023 trace has 7 fractional digits, which ``datetime.fromisoformat`` rejects before
     Python 3.11 and truncates after; parse the fraction ourselves to keep it whole.
     """
     text = text.strip()
-    base, _, frac = text.partition(".")
-    if frac and not frac.isdigit():
-        raise ValueError(f"bad fractional seconds in {text!r}")
-    stamp = dt.datetime.fromisoformat(base.replace("T", " "))
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError(f"not a time: {text!r}")
+        return seconds
+    m = _STAMP.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a timestamp: {text!r}")
+    tz = m["tz"] or ""
+    stamp = dt.datetime.fromisoformat(m["base"].replace("T", " ") + tz.replace("Z", "+00:00"))
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=dt.timezone.utc)
+    frac = m["frac"] or ""
     return stamp.timestamp() + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
@@ -61,7 +77,7 @@ def read_azure_csv(path: str | os.PathLike[str], opts: TraceOptions | None = Non
     space = opts.token_space
     rows: list[tuple[float, TraceRequest]] = []
     truncated = 0
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM is not part of the header
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
