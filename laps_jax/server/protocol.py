@@ -13,6 +13,11 @@ from laps_jax.engine.sequence import SamplingParams
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20
+# OpenAI fields this server does not implement, with the value that asks for nothing: any other
+# value is refused rather than silently ignored (the answer would not be what was asked for)
+NOT_IMPLEMENTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+                   "logit_bias": {}, "tools": [], "functions": [], "best_of": 1, "suffix": "",
+                   "response_format": {"type": "text"}}
 
 
 class APIError(Exception):
@@ -88,6 +93,10 @@ def parse_sampling(body: dict, default_max_tokens: int | None, max_tokens_limit:
         raise APIError("only n=1 is supported", param="n", code="unsupported")
     if _field(body, "echo", bool, False):
         raise APIError("'echo' is not supported", param="echo", code="unsupported")
+    for name, neutral in NOT_IMPLEMENTED.items():
+        if body.get(name) not in (None, neutral):
+            raise APIError(f"'{name}' is not supported by this server (only {neutral!r})",
+                           param=name, code="unsupported")
     stop = body.get("stop")
     if stop is None:
         stops = []
