@@ -28,6 +28,9 @@ CHECKPOINTS = {
                       intermediate_size=160, num_layers=3, rope_theta=1e6, seed=3),
     "sharded_bf16": dict(num_heads=6, num_kv_heads=2, hidden_size=96, dtype="bfloat16",
                          shard=True, seed=4),
+    # 7 query heads on one kv head (Qwen2.5-0.5B and -7B group 7 query heads per kv head)
+    "gqa7_one_kv": dict(hidden_size=112, num_heads=7, num_kv_heads=1, intermediate_size=160,
+                        rope_theta=1e6, seed=5),
 }
 
 

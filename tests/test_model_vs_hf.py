@@ -44,7 +44,8 @@ def run_prompt_logprobs(engine, ids, split: int | None = None):
         engine.kv.clear_prefix_cache()
 
 
-@pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied", "gqa4_hd32", "sharded_bf16"])
+@pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied", "gqa4_hd32", "sharded_bf16",
+                                  "gqa7_one_kv"])
 def test_prompt_logprobs_match_transformers(engine_for, name):
     engine, path = engine_for(name)
     model = load_hf_model(path)
@@ -85,7 +86,7 @@ def test_prefix_cache_reprefill_computes_only_new_tokens(engine_for):
     engine.kv.clear_prefix_cache()
 
 
-@pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied"])
+@pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied", "gqa7_one_kv"])
 def test_greedy_decode_matches_generate(engine_for, name):
     engine, path = engine_for(name)
     model = load_hf_model(path)
