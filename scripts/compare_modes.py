@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.cli import add_engine_args, engine_config_from_args  # noqa: E402
+from laps_jax.scheduler.policy import ORDERS  # noqa: E402
 
 
 def parse(argv):
@@ -72,9 +73,18 @@ def parse(argv):
     s.add_argument("--window-max", type=float, default=None,
                    help="cap of the adaptive window in seconds (default: half the cheapest "
                         "predicted step)")
-    s.add_argument("--order", choices=("ratio", "aging"), default="ratio",
+    s.add_argument("--order", choices=ORDERS, default="ratio",
                    help="order inside each pool: highest response ratio (waited + service) / "
-                        "service first, or remaining tokens minus a linear aging credit")
+                        "service first; remaining tokens minus a linear aging credit; or "
+                        "fewest remaining tokens first, with requests waiting past --max-wait "
+                        "ahead")
+    s.add_argument("--max-wait", type=float, default=None,
+                   help="with --order srpt: seconds after which a request goes ahead of shorter "
+                        "ones (default: 16 full-budget prefill steps as predicted)")
+    s.add_argument("--aging", type=float, default=None, metavar="TOKENS_PER_S",
+                   help="with --order aging: tokens of credit per second waited (default: a "
+                        "quarter of a full step's tokens per step waited; 0: shortest remaining "
+                        "first, the starvation bound still applies)")
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
                    help="laps: a ready short batch always runs first (short-first, the LAPS "
                         "policy), or yields to a long request whose score is lower (aging)")
@@ -109,6 +119,7 @@ def parse(argv):
         bad = [flag for flag, on in (("--repeats", args.repeats != 1),
                                      ("--long-budget", args.long_budget is not None),
                                      ("--decode-gap", args.decode_gap is not None),
+                                     ("--aging", args.aging is not None),
                                      ("--simulate", args.simulate)) if on]
         if bad:
             ap.error(f"{', '.join(bad)} cannot be combined with --http")
@@ -169,6 +180,7 @@ def main(argv=None) -> int:
         window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
         buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order,
         decode_gap_s=args.decode_gap, long_budget_tokens=args.long_budget, repeats=args.repeats,
+        aging_tokens_per_s=args.aging, max_wait_s=args.max_wait,
         time_scale=args.time_scale, profile=args.profile,
         rescale_profile=not args.no_rescale_profile,
         capacity_requests=args.capacity_requests,

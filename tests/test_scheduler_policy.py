@@ -119,6 +119,39 @@ def test_long_pool_orders_by_remaining_with_aging():
     assert pool.ordered(6.0) == [young, old, later]   # 0 < 900 - 600 < 400: old overtakes
 
 
+def test_zero_aging_is_a_setting_shortest_remaining_first():
+    """aging_tokens_per_s=0 orders by remaining tokens alone (it used to fall back to the
+    derived credit, as if unset); a negative credit is refused."""
+    from laps_jax.scheduler.policy import derive
+    d = derive(SchedulerConfig(threshold=64, order="aging", aging_tokens_per_s=0.0,
+                               max_postpone_s=0.0), GRID, MODEL)
+    assert d.aging == 0.0 and d.max_postpone_s == 0.0
+    assert derive(SchedulerConfig(threshold=64, order="aging"), GRID, MODEL).aging > 0
+    pool = LongPool(GRID, 256, d.aging, 100.0, d.order)
+    old, young = req(900), req(400)
+    pool.add(old, 0.0)
+    pool.add(young, 500.0)
+    assert pool.ordered(1000.0) == [young, old]  # however long the 900-token one waited
+    with pytest.raises(ValueError, match="aging_tokens_per_s"):
+        derive(SchedulerConfig(threshold=64, aging_tokens_per_s=-1.0), GRID, MODEL)
+
+
+def test_srpt_order_serves_fewest_remaining_until_a_request_waited_max_wait():
+    pool = LongPool(GRID, 256, 0.0, 100.0, "srpt", max_wait_s=1.0)
+    big, mid, small = req(900), req(500), req(300)
+    pool.add(big, 0.0)
+    pool.add(mid, 0.5)
+    pool.add(small, 0.9)
+    assert pool.ordered(0.95) == [small, mid, big]   # nobody overdue: fewest remaining first
+    assert pool.ordered(1.2) == [big, small, mid]    # big waited 1.2 s >= 1.0: it goes first
+    assert pool.ordered(1.6) == [big, mid, small]    # both overdue: longest waiting first
+    from laps_jax.scheduler.policy import derive
+    d = derive(SchedulerConfig(threshold=64, order="srpt"), GRID, MODEL)
+    assert d.order == "srpt" and 0 < d.max_wait_s < 10  # derived from the model's full step
+    with pytest.raises(ValueError, match="order must be one of"):
+        derive(SchedulerConfig(order="sjf"), GRID, MODEL)
+
+
 def test_starvation_bound_is_on_the_long_pool_and_serves_the_longest_waiting():
     pool = LongPool(GRID, 256, 0.0, max_postpone_s=0.5)
     a, b = req(300), req(2000)

@@ -56,6 +56,10 @@ class CompareOptions:
     order: str = "ratio"
     decode_gap_s: float | None = None  # None: one full prefill step (SchedulerConfig)
     long_budget_tokens: int | None = None  # laps long-chunk budget (None: the step budget)
+    aging_tokens_per_s: float | None = None  # order "aging": credit per second waited (None:
+                                             # derived; 0: shortest remaining first)
+    max_wait_s: float | None = None          # order "srpt": wait after which a request goes
+                                             # first (None: derived)
     repeats: int = 1  # rounds of all modes on the same arrivals, order alternating each round
     buckets: bool = True               # False: one prefill executable (1 x max_chunk)
     time_scale: float | None = None    # None: from the measured capacity and `load`
@@ -243,7 +247,8 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     n_req = work.num_requests if isinstance(work, SessionTrace) else len(work)
     cfg = SchedulerConfig(threshold=o.threshold, window=o.window, cross_pool=o.cross_pool,
                           order=o.order, decode_gap_s=o.decode_gap_s,
-                          long_budget_tokens=o.long_budget_tokens)
+                          long_budget_tokens=o.long_budget_tokens,
+                          aging_tokens_per_s=o.aging_tokens_per_s, max_wait_s=o.max_wait_s)
 
     capacity, measured = None, []
     time_scale = o.time_scale
@@ -313,6 +318,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "window": dataclasses.asdict(o.window), "buckets": o.buckets,
         "cross_pool": o.cross_pool, "order": o.order, "decode_gap_s": o.decode_gap_s,
         "long_budget_tokens": o.long_budget_tokens,
+        "aging_tokens_per_s": o.aging_tokens_per_s, "max_wait_s": o.max_wait_s,
         "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),
         "latency_model": model.to_dict(), "simulated": o.simulate,
         "profile": o.profile, "profile_speed_factor": speed,

@@ -28,6 +28,7 @@ from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow, WindowConfig
 
 MODES = ("mixed", "laps", "laps-spatial")
+ORDERS = ("ratio", "aging", "srpt")
 
 
 @dataclasses.dataclass
@@ -46,7 +47,10 @@ class SchedulerConfig:
                                           # full-budget prefill step with a model, else 0)
     cross_pool: str = "short-first"       # "short-first": a ready short batch runs first;
                                           # "aging": it yields to a long request scoring lower
-    order: str = "ratio"                  # in-pool order: "ratio" (response ratio) or "aging"
+    order: str = "ratio"                  # in-pool order: "ratio" (response ratio), "aging"
+                                          # or "srpt" (fewest remaining; see max_wait_s)
+    max_wait_s: float | None = None       # srpt: a request waiting this long goes first
+                                          # (None: 16 full-budget steps as predicted)
     fallback_threshold: int = 256         # used when there is no latency model
     kv_handoff: bool = True               # laps-spatial: long prefills decode in the short
                                           # group (K/V copied over); False: where prefilled
@@ -67,26 +71,37 @@ class Derived:
     order: str = "aging"
     service: Callable[[int], float] | None = None
     decode_gap_s: float = 0.0
+    max_wait_s: float = 2.0
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
     if cfg.cross_pool not in ("aging", "short-first"):
         raise ValueError(f"cross_pool must be aging or short-first, got {cfg.cross_pool!r}")
-    if cfg.order not in ("ratio", "aging"):
-        raise ValueError(f"order must be ratio or aging, got {cfg.order!r}")
+    if cfg.aging_tokens_per_s is not None and not cfg.aging_tokens_per_s >= 0:
+        raise ValueError(f"aging_tokens_per_s must be >= 0, got {cfg.aging_tokens_per_s}")
+    if cfg.order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {cfg.order!r}")
+    if cfg.max_wait_s is not None and not cfg.max_wait_s > 0:
+        raise ValueError(f"max_wait_s must be > 0, got {cfg.max_wait_s}")
     budget = cfg.budget_tokens or grid.max_batch_tokens
     long_budget = cfg.long_budget_tokens or budget
     window = dataclasses.replace(cfg.window)
     if model is None:
         fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
-        return Derived(lambda c: fixed, budget, long_budget, cfg.max_postpone_s or 1.0,
-                       cfg.aging_tokens_per_s or 2000.0, lambda w, b: 0.0, window,
-                       cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0)
+        return Derived(lambda c: fixed, budget, long_budget, _given(cfg.max_postpone_s, 1.0),
+                       _given(cfg.aging_tokens_per_s, 2000.0), lambda w, b: 0.0, window,
+                       cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0,
+                       max_wait_s=_given(cfg.max_wait_s, 2.0))
 
     full = model.predict(StepShape.exact((min(long_budget, grid.max_chunk),)))
     # a request gains `aging_fraction` of a full step's worth of tokens per full step it waits
-    aging = cfg.aging_tokens_per_s or cfg.aging_fraction * long_budget / full
-    postpone = cfg.max_postpone_s or 8.0 * full
+    # (0 is a setting: no aging, i.e. shortest remaining first; no postponement)
+    aging = _given(cfg.aging_tokens_per_s, cfg.aging_fraction * long_budget / full)
+    postpone = _given(cfg.max_postpone_s, 8.0 * full)
     if window.max_s is None:  # wait at most half the cheapest step: never worse than 1.5x it
         smallest = grid.prefill_buckets()[0]
         window.max_s = 0.5 * model.predict(StepShape.exact((smallest.tokens,)))
@@ -110,7 +125,8 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     # so a policy that runs more, smaller prefill steps does not also pay for more decode steps.
     gap = full if cfg.decode_gap_s is None else cfg.decode_gap_s
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
-                   cfg.cross_pool, cfg.order, service, gap)
+                   cfg.cross_pool, cfg.order, service, gap,
+                   max_wait_s=_given(cfg.max_wait_s, 16.0 * full))
 
 
 class MixedPlanner:
@@ -142,8 +158,9 @@ class LapsPlanner:
     def __init__(self, grid: BucketGrid, d: Derived):
         self.window = WaitingWindow(d.window)
         self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict, d.order,
-                               d.service)
-        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service)
+                               d.service, d.max_wait_s)
+        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service,
+                             d.max_wait_s)
         self.cross_pool = d.cross_pool
 
     def add(self, r: Request, now: float) -> None:

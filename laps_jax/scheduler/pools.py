@@ -87,7 +87,7 @@ def pack(cands: Iterable[Request], grid: BucketGrid, budget: int, chunk: bool,
 
 
 class _Pool:
-    """Requests of one pool in priority order (lower score first), by one of two rules:
+    """Requests of one pool in priority order (lower score first), by one of three rules:
 
     - "aging": remaining new tokens minus `aging` tokens per second waited;
     - "ratio": highest response ratio first, (waited + service) / service with `service` the
@@ -95,14 +95,18 @@ class _Pool:
       to each request's own size, so no constant sets the balance and a deep queue does not
       turn the order into FCFS. (A TTFT SLO that is a multiple of the isolated prefill time is
       a response-ratio bound: this serves first whoever is closest to its SLO.)
+    - "srpt": fewest remaining tokens first (what minimizes mean latency), except that a
+      request that has waited `max_wait_s` goes ahead of every one that has not (the longest
+      waiting first): pure shortest-first starves the longest prompts under load.
     """
 
     name = ""
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
-                 order: str = "aging", service: Callable[[int], float] | None = None):
+                 order: str = "aging", service: Callable[[int], float] | None = None,
+                 max_wait_s: float = 2.0):
         self.grid, self.budget = grid, budget
-        self.aging, self.order = aging_tokens_per_s, order
+        self.aging, self.order, self.max_wait_s = aging_tokens_per_s, order, max_wait_s
         self.service = service or (lambda n: 0.01 + n / 2000.0)
         self.reqs: list[Request] = []
 
@@ -117,12 +121,15 @@ class _Pool:
         if r in self.reqs:
             self.reqs.remove(r)
 
-    def score(self, r: Request, now: float) -> float:
+    def score(self, r: Request, now: float) -> tuple[int, float]:
         wait = now - r.enqueued
-        if self.order == "ratio":
-            s = self.service(r.remaining)
-            return -(wait + s) / s
-        return r.remaining - self.aging * wait
+        if self.order == "aging":
+            return 0, r.remaining - self.aging * wait
+        if self.order == "srpt":
+            # overdue first, longest waiting first; then fewest remaining
+            return (0, -wait) if wait >= self.max_wait_s else (1, float(r.remaining))
+        s = self.service(r.remaining)
+        return 0, -(wait + s) / s
 
     def ordered(self, now: float) -> list[Request]:
         return sorted(self.reqs, key=lambda r: (self.score(r, now), r.enqueued))
@@ -146,8 +153,9 @@ class ShortPool(_Pool):
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
                  window: WaitingWindow, predict: Callable[[Work, Bucket], float],
-                 order: str = "aging", service: Callable[[int], float] | None = None):
-        super().__init__(grid, budget, aging_tokens_per_s, order, service)
+                 order: str = "aging", service: Callable[[int], float] | None = None,
+                 max_wait_s: float = 2.0):
+        super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
         self.window, self.predict = window, predict
         self.hold_since: float | None = None  # the window first said "wait" for this batch
 
@@ -192,8 +200,8 @@ class LongPool(_Pool):
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
                  max_postpone_s: float, order: str = "aging",
-                 service: Callable[[int], float] | None = None):
-        super().__init__(grid, budget, aging_tokens_per_s, order, service)
+                 service: Callable[[int], float] | None = None, max_wait_s: float = 2.0):
+        super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
         self.max_postpone_s = max_postpone_s
         self.last_step: float | None = None  # when the pool last got a step
         self.forced_steps = 0

@@ -16,6 +16,7 @@ import time
 from aiohttp import web
 
 from laps_jax.cli import add_engine_args, build_engine
+from laps_jax.scheduler.policy import ORDERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "laps-spatial: each pool on its own device group; mixed: FCFS baseline")
     s.add_argument("--threshold", type=int, default=None,
                    help="short/long cut in new tokens (default: from --latency-profile, else 256)")
+    s.add_argument("--order", choices=ORDERS, default="ratio",
+                   help="order inside each pool: ratio (highest response ratio first; default), "
+                        "aging (fewest remaining minus a credit for waiting) or srpt (fewest "
+                        "remaining first, a request waiting 16 full prefill steps goes ahead; "
+                        "lower mean TTFT on single-turn traffic, docs/BENCHMARKS_SCHEDULER.md)")
     s.add_argument("--latency-profile", default=None,
                    help="profile.json from scripts/profile_latency.py (calibrates the threshold "
                         "and the waiting window); some of its shapes are timed again at start "
@@ -80,7 +86,8 @@ async def serve(args, log) -> int:
         model, f = load_profile(args.latency_profile, built.engine, not args.no_rescale_profile)
         if f is not None:
             log(f"latency profile rescaled: its shapes run {f:.2f}x their profiled time here")
-    dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold),
+    dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold,
+                                                                     order=args.order),
                             long_engine=long_engine, latency_model=model)
     await dispatcher.start()
     name = args.served_model_name or built.model_name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from laps_jax.scheduler.policy import MODES, SchedulerConfig
+from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
 from laps_jax.scheduler.router import POLICIES
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim import hardware
@@ -70,6 +70,9 @@ def add_instance_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=32768, help="context limit (32768)")
     g.add_argument("--threshold", default="auto",
                    help="short/long cut in new tokens, or 'auto' (the latency model's crossover)")
+    g.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
+                   help=f"order inside each pool ({SchedulerConfig.order}; see "
+                        "scripts/compare_modes.py --help)")
     g.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
                    help="short-pool waiting window (adaptive)")
     g.add_argument("--static-window-ms", type=float, default=5.0, help="static window (5 ms)")
@@ -115,7 +118,8 @@ def instance_spec(args, src: hardware.ModelSource, mode: str = "laps") -> Instan
                     tuple(w for w in GPU_WIDTHS if w <= args.max_chunk) + (args.max_chunk,))
     sched = SchedulerConfig(
         threshold=None if args.threshold == "auto" else int(args.threshold),
-        window=WindowConfig(mode=args.window, static_s=args.static_window_ms * 1e-3))
+        window=WindowConfig(mode=args.window, static_s=args.static_window_ms * 1e-3),
+        order=args.order)
     return InstanceSpec(mode, grid, kv, args.page_size, args.max_model_len, sched,
                         args.spatial_devices, args.spatial_overlap,
                         prefix_cache=not args.no_prefix_cache)

@@ -200,7 +200,10 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
                                                   cross_pool=run.get("cross_pool", "short-first"),
                                                   order=run.get("order", "ratio"),
                                                   decode_gap_s=run.get("decode_gap_s", 0.0),
-                                                  long_budget_tokens=run.get("long_budget_tokens")),
+                                                  long_budget_tokens=run.get("long_budget_tokens"),
+                                                  aging_tokens_per_s=run.get("aging_tokens_per_s"),
+                                                  max_postpone_s=run.get("max_postpone_s"),
+                                                  max_wait_s=run.get("max_wait_s")),
                         spatial_devices=1, spatial_overlap=vo.spatial_overlap,
                         host_overhead_s=vo.host_overhead_s, calibration=vo.calibration,
                         prefix_cache=ecfg.enable_prefix_cache)
@@ -361,7 +364,9 @@ def validate(vo: ValidationOptions) -> dict:
 
 
 SAME_SPEED_SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
-                       "decode_gap_s": float, "window_mode": str}
+                       "decode_gap_s": float, "window_mode": str, "threshold": int,
+                       "aging_tokens_per_s": float, "max_postpone_s": float,
+                       "max_wait_s": float}
 
 
 def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
