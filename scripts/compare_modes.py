@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.cli import add_engine_args, engine_config_from_args  # noqa: E402
-from laps_jax.scheduler.policy import ORDERS  # noqa: E402
+from laps_jax.scheduler.policy import ORDERS, SchedulerConfig  # noqa: E402
 
 
 def parse(argv):
@@ -73,7 +73,7 @@ def parse(argv):
     s.add_argument("--window-max", type=float, default=None,
                    help="cap of the adaptive window in seconds (default: half the cheapest "
                         "predicted step)")
-    s.add_argument("--order", choices=ORDERS, default="ratio",
+    s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
                    help="order inside each pool: highest response ratio (waited + service) / "
                         "service first; remaining tokens minus a linear aging credit; or "
                         "fewest remaining tokens first, with requests waiting past --max-wait "

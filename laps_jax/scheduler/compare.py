@@ -53,7 +53,7 @@ class CompareOptions:
     threshold: int | None = None       # None: the latency model's crossover
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
     cross_pool: str = "short-first"
-    order: str = "ratio"
+    order: str = SchedulerConfig.order
     decode_gap_s: float | None = None  # None: one full prefill step (SchedulerConfig)
     long_budget_tokens: int | None = None  # laps long-chunk budget (None: the step budget)
     aging_tokens_per_s: float | None = None  # order "aging": credit per second waited (None:

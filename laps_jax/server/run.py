@@ -16,7 +16,7 @@ import time
 from aiohttp import web
 
 from laps_jax.cli import add_engine_args, build_engine
-from laps_jax.scheduler.policy import ORDERS
+from laps_jax.scheduler.policy import ORDERS, SchedulerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "laps-spatial: each pool on its own device group; mixed: FCFS baseline")
     s.add_argument("--threshold", type=int, default=None,
                    help="short/long cut in new tokens (default: from --latency-profile, else 256)")
-    s.add_argument("--order", choices=ORDERS, default="ratio",
+    s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
                    help="order inside each pool: ratio (highest response ratio first; default), "
                         "aging (fewest remaining minus a credit for waiting) or srpt (fewest "
                         "remaining first, a request waiting 16 full prefill steps goes ahead; "
@@ -60,7 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(args, log) -> int:
     from laps_jax.scheduler.dispatcher import Dispatcher
-    from laps_jax.scheduler.policy import SchedulerConfig
     from laps_jax.server.app import ServerState, create_app
 
     t0 = time.perf_counter()
