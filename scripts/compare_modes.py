@@ -85,6 +85,13 @@ def parse(argv):
                    help="with --order aging: tokens of credit per second waited (default: a "
                         "quarter of a full step's tokens per step waited; 0: shortest remaining "
                         "first, the starvation bound still applies)")
+    s.add_argument("--variant", action="append", default=[], metavar="NAME=MODE:KEY=VALUE,...",
+                   help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
+                        "settings changed, named NAME, with its own ratio to mixed; e.g. "
+                        "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
+                        "threshold, window_mode, long_budget_tokens, decode_gap_s, "
+                        "aging_tokens_per_s, max_postpone_s, max_wait_s). Repeatable: the fair "
+                        "A/B of two settings on a shared machine (same arrivals and rounds)")
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
                    help="laps: a ready short batch always runs first (short-first, the LAPS "
                         "policy), or yields to a long request whose score is lower (aging)")
@@ -120,9 +127,19 @@ def parse(argv):
                                      ("--long-budget", args.long_budget is not None),
                                      ("--decode-gap", args.decode_gap is not None),
                                      ("--aging", args.aging is not None),
+                                     ("--max-wait", args.max_wait is not None),
+                                     ("--variant", bool(args.variant)),
+                                     ("--cross-pool", args.cross_pool != "short-first"),
+                                     ("--window", args.window != "adaptive"),
+                                     ("--no-buckets", args.no_buckets),
                                      ("--simulate", args.simulate)) if on]
         if bad:
             ap.error(f"{', '.join(bad)} cannot be combined with --http")
+    try:
+        from laps_jax.scheduler.variants import parse_variant
+        args.variant = [parse_variant(v) for v in args.variant]
+    except ValueError as e:
+        ap.error(f"--variant: {e}")
     return args
 
 
@@ -139,6 +156,7 @@ def main_http(args) -> int:
                   str(e.max_prefill_batch), "--max-decode-batch", str(e.max_decode_batch)]
     if args.threshold != "auto":
         serve_args += ["--threshold", str(args.threshold)]
+    serve_args += ["--order", args.order]
     if args.profile:
         serve_args += ["--latency-profile", args.profile]
     if e.layer_loop:
@@ -186,13 +204,15 @@ def main(argv=None) -> int:
         capacity_requests=args.capacity_requests,
         capacity_repeats=args.capacity_repeats, max_output=args.max_output,
         capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,
-        compile_cache=args.compile_cache, simulate=args.simulate)
+        compile_cache=args.compile_cache, simulate=args.simulate, variants=tuple(args.variant))
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:
         print(f.read())
     if "ratio" in out:
         print("goals met (laps/mixed):", out["goals_met"])
+    for name, goals in out.get("goals_met_variants", {}).items():
+        print(f"goals met ({name}/mixed):", goals)
     return 0
 
 

@@ -6,6 +6,7 @@ Everything runs on virtual time (no model, no compiles): each test takes millise
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -238,7 +239,7 @@ def test_median_ratio_skips_undefined_rounds():
     assert got == {"a": 2.0, "b": 2.0}
 
 
-def _simulated_compare(tmp_path, logs: list[str] | None = None) -> dict:
+def _simulated_compare(tmp_path, logs: list[str] | None = None, **changes) -> dict:
     """compare_modes --simulate --repeats 2 over 60 Azure requests into tmp_path."""
     from pathlib import Path
 
@@ -257,6 +258,7 @@ def _simulated_compare(tmp_path, logs: list[str] | None = None) -> dict:
                        max_requests=60, length_scale=0.1, threshold=26, time_scale=0.3,
                        profile=str(repo / "docs" / "data" / "profile_bench_cpu.json"),
                        simulate=True, repeats=2)
+    o = dataclasses.replace(o, **changes)
     return run_comparison(o, (logs if logs is not None else []).append)
 
 
@@ -284,6 +286,47 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
     assert run_rounds(out) == 2
     assert {m: len(v) for m, v in real_requests(str(tmp_path), 2).items()} == {"mixed": 60,
                                                                                 "laps": 60}
+
+
+def test_a_variant_runs_its_mode_with_its_settings_beside_the_others(tmp_path):
+    """--variant laps-srpt=laps:order=srpt runs in the same rounds as laps and mixed, with its
+    own ratio and goals: its requests are exactly those of a run of laps with order srpt (virtual
+    time is exact), laps keeps its own order, and validation replays the variant with its
+    settings (every cell exact)."""
+    from laps_jax.scheduler.variants import parse_variant
+    from laps_jax.sim.validate import ValidationOptions, validate
+    logs: list[str] = []
+    out = _simulated_compare(tmp_path / "ab", logs,
+                             variants=(parse_variant("laps-srpt=laps:order=srpt"),))
+    order = [line.split(":")[1].strip() for line in logs if line.startswith("round")]
+    assert order == ["mixed", "laps", "laps-srpt", "laps-srpt", "laps", "mixed"]
+    alone = _simulated_compare(tmp_path / "srpt", order="srpt")
+    virtual = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # wall_s: real time
+    assert virtual(out["rounds"][0]["laps-srpt"]) == virtual(alone["rounds"][0]["laps"])
+    assert virtual(out["rounds"][0]["laps"]) != virtual(alone["rounds"][0]["laps"])  # orders differ
+    assert out["ratio_variants"]["laps-srpt"] == alone["ratio"]
+    assert out["goals_met_variants"]["laps-srpt"] == alone["goals_met"]
+    assert out["run"]["variants"] == {"laps-srpt": {"mode": "laps",
+                                                    "settings": {"order": "srpt"}}}
+    r = validate(ValidationOptions(str(tmp_path / "ab"), calibrate=True, round=1))
+    assert {row["mode"] for row in r["rows"]} == {"mixed", "laps", "laps-srpt"}
+    assert r["worst_abs_error"] < 1e-6
+
+
+@pytest.mark.parametrize("text, match", [
+    ("laps-srpt=laps", "NAME=MODE:KEY=VALUE"),
+    ("laps=laps:order=srpt", "taken"),
+    ("x=fcfs:order=srpt", "mode is one of"),
+    ("x=laps:order=sjf", "order is one of"),
+    ("x=laps:threshold=abc", "threshold wants a int"),
+    ("x=laps:threshold=-4", ">= 0"),
+    ("x=laps:budget=4", "KEY one of"),
+    ("x=laps:", "changes no setting"),
+])
+def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
+    from laps_jax.scheduler.variants import parse_variant
+    with pytest.raises(ValueError, match=match):
+        parse_variant(text)
 
 
 def test_capacity_is_measured_over_several_bursts():

@@ -32,6 +32,7 @@ from laps_jax.scheduler.profiling import kv_block_of, load_profile, plan_shapes,
 from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.scheduler.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
+from laps_jax.scheduler.variants import Variant, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.workload.records import TraceOptions
 from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
@@ -73,6 +74,13 @@ class CompareOptions:
     seed: int = 0
     compile_cache: str | None = None
     simulate: bool = False  # SimExecutors on virtual time with the profile's latency model
+    variants: tuple[Variant, ...] = ()  # more modes: a base mode with settings changed
+
+    def all_modes(self) -> tuple[str, ...]:
+        return self.modes + tuple(v.name for v in self.variants if v.name not in self.modes)
+
+    def base_modes(self) -> set[str]:
+        return set(self.modes) | {v.mode for v in self.variants}
 
 
 def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
@@ -82,7 +90,7 @@ def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
     ecfg = o.ecfg if o.buckets else dataclasses.replace(o.ecfg, min_chunk=o.ecfg.max_chunk,
                                                        max_prefill_batch=1)
     made = []
-    for i in range(2 if "laps-spatial" in o.modes else 1):
+    for i in range(2 if "laps-spatial" in o.base_modes() else 1):
         t0 = time.perf_counter()
         e = Engine(loaded.cfg, loaded.params, dataclasses.replace(ecfg))
         e.warmup()
@@ -266,17 +274,27 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             f"median of {', '.join(f'{c:.2f}' for c in measured)}); trace rate "
             f"{natural_rate(arrivals):.2f}/s -> time scale {time_scale:.3f}")
 
+    modes = o.all_modes()
+    variants = {v.name: v for v in o.variants}
+    if len(variants) != len(o.variants):
+        raise ValueError("two variants share a name")
+
+    def run_mode(mode: str):
+        v = variants.get(mode)
+        return execute(v.mode if v else mode, work, time_scale,
+                       apply(cfg, v.settings) if v else cfg, slo_fn, max_len)
+
     rounds: list[dict] = []                  # per round: mode -> summary
     round_metrics: list[dict] = []           # per round: mode -> lane metrics
     every: list[tuple[int, str, list]] = []  # (round, mode, stats) of every round
     for rnd in range(max(1, o.repeats)):
         # later rounds alternate the order, so drift in the machine's speed hits every mode
-        order = list(o.modes) if rnd % 2 == 0 else list(reversed(o.modes))
+        order = modes if rnd % 2 == 0 else modes[::-1]
         summary, round_metrics_now = {}, {}
         for mode in order:
             t0 = time.perf_counter()
             with CpuMeter() as cpu:
-                stats, m, _ = execute(mode, work, time_scale, cfg, slo_fn, max_len)
+                stats, m, _ = run_mode(mode)
             r = summary[mode] = report.summarize(stats)
             r["wall_s"] = time.perf_counter() - t0
             r["others_cpu_share"] = None if o.simulate else cpu.others
@@ -289,7 +307,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
                 f"{r['ttft_ms_p50']:.0f} ms p90 {r['ttft_ms_p90']:.0f} ms{busy}")
         rounds.append(summary)
         round_metrics.append(round_metrics_now)
-    results = {m: rounds[0][m] for m in o.modes}  # tables and plots show round 1
+    results = {m: rounds[0][m] for m in modes}  # tables and plots show round 1
     metrics = round_metrics[0]
     per_mode = {mode: stats for rnd, mode, stats in every if rnd == 1}
 
@@ -306,6 +324,10 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         out["goals_met"] = report.goals_met(ratios["laps/mixed"])
     if "laps-spatial/mixed" in ratios:
         out["ratio_spatial"] = ratios["laps-spatial/mixed"]
+    if variants and "mixed" in results:
+        out["ratio_variants"] = {n: ratios[f"{n}/mixed"] for n in variants}
+        out["goals_met_variants"] = {n: report.goals_met(r)
+                                     for n, r in out["ratio_variants"].items()}
     out["run"] = {
         "model": o.model, "trace": o.trace, "trace_format": o.trace_format,
         "requests": n_req, "load": o.load, "length_scale": o.length_scale,
@@ -322,6 +344,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),
         "latency_model": model.to_dict(), "simulated": o.simulate,
         "profile": o.profile, "profile_speed_factor": speed,
+        "variants": {v.name: v.to_dict() for v in o.variants},
     }
     out["metrics"] = metrics
     if len(rounds) > 1:  # every round's summaries; `ratio` above is the median over rounds

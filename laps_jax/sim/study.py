@@ -16,7 +16,8 @@ from laps_jax.sim import cli, plots, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 from laps_jax.scheduler import report
-from laps_jax.sim.validate import (SAME_SPEED_SETTINGS, ValidationOptions, markdown,
+from laps_jax.scheduler.variants import parse_settings
+from laps_jax.sim.validate import (ValidationOptions, markdown,
                                    repeatability, run_rounds, same_speed, validate)
 
 
@@ -129,13 +130,7 @@ def cmd_validate(args) -> int:
                   + ", ".join(f"{r['cells_within_tolerance']}/{r['cells']}" for r in results)
                   + "\n")
     if args.same_speed:
-        settings = {}
-        for item in args.same_speed_laps or []:
-            key, _, value = item.partition("=")
-            if key not in SAME_SPEED_SETTINGS or not value:
-                raise ValueError(f"--same-speed-laps wants KEY=VALUE with KEY one of "
-                                 f"{', '.join(SAME_SPEED_SETTINGS)}; got {item!r}")
-            settings[key] = SAME_SPEED_SETTINGS[key](value)
+        settings = parse_settings(args.same_speed_laps)
         same = [same_speed(dataclasses.replace(vo, round=k), settings, args.same_speed_trace)
                 for k in rounds]
         table += same_speed_markdown(same)

@@ -24,6 +24,7 @@ from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
+from laps_jax.scheduler.variants import SETTINGS, apply_to_run
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim.executor import Calibration, FastGrid
 from laps_jax.sim.hardware import from_profile
@@ -178,7 +179,11 @@ def host_seconds_per_step(lanes: list[dict]) -> float | None:
 def simulate_mode(mode: str, run: dict, model: LatencyModel,
                   vo: ValidationOptions) -> tuple[list, list[dict]]:
     """One mode of the recorded run, replayed on simulated instances: its RequestStats and
-    the lanes' metrics."""
+    the lanes' metrics. A variant of the run (`run["variants"]`) replays its base mode with
+    its settings."""
+    variant = run.get("variants", {}).get(mode)
+    if variant:
+        mode, run = variant["mode"], apply_to_run(run, variant["settings"])
     o = _options(run)
     cfg = PRESETS[run["model"]]
     ecfg = o.ecfg
@@ -314,7 +319,9 @@ def validate(vo: ValidationOptions) -> dict:
     rows, factors, overlap, host, lateness = [], {}, None, {}, {}
     cals: dict[str, Calibration] = {}
     base = vo  # `vo` below: these options plus this mode's measured host overhead
-    for mode in sorted(real, key=lambda m: m == "laps-spatial"):  # spatial last: it needs laps'
+    base_of = lambda m: run.get("variants", {}).get(m, {}).get("mode", m)
+    spatial = lambda m: base_of(m) == "laps-spatial"
+    for mode in sorted(real, key=spatial):  # spatial last: it needs laps'
         rs = real[mode]
         measured = step_seconds(comp["metrics"][mode]["lanes"])
         h = host_seconds_per_step(comp["metrics"][mode]["lanes"])
@@ -327,11 +334,11 @@ def validate(vo: ValidationOptions) -> dict:
         if late is not None:  # the real replay's timers fired this late on average
             vo = dataclasses.replace(vo, submit_late_s=late)
             lateness[mode] = late
-        if vo.calibrate and vo.calibrate_by in ("kind", "bucket") and mode != "laps-spatial":
+        if vo.calibrate and vo.calibrate_by in ("kind", "bucket") and not spatial(mode):
             cal, stats, lanes = calibrate_kinds(mode, run, model, vo,
                                                 comp["metrics"][mode]["lanes"])
             cals[mode], factors[mode] = cal, dataclasses.asdict(cal)
-        elif vo.calibrate and vo.fit_overlap and mode == "laps-spatial" and "laps" in factors:
+        elif vo.calibrate and vo.fit_overlap and spatial(mode) and "laps" in factors:
             # the machine's speed as laps saw it; the sharing is fitted
             m, v = ((model, dataclasses.replace(vo, calibration=cals["laps"])) if "laps" in cals
                     else (model.scaled(factors["laps"]), vo))
@@ -363,23 +370,17 @@ def validate(vo: ValidationOptions) -> dict:
                                             "max_output", "slo_scale")}}
 
 
-SAME_SPEED_SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
-                       "decode_gap_s": float, "window_mode": str, "threshold": int,
-                       "aging_tokens_per_s": float, "max_postpone_s": float,
-                       "max_wait_s": float}
-
-
 def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
                trace: str | None = None) -> dict:
     """laps / mixed of one round as if the machine had run both modes at mixed's speed: mixed's
     calibration (per-kind factors, jitter, host time, lateness) replays both modes. A real
     run's ratio mixes the policy with the machine's drift between the modes' turns; where the
     calibrated simulation predicts each mode of a round, this separates the two.
-    `laps_settings` (keys of SAME_SPEED_SETTINGS) change laps' scheduler settings from the
+    `laps_settings` (keys of variants.SETTINGS) change laps' scheduler settings from the
     run's; `trace` replays another trace of the same format on this round's calibration."""
-    bad = set(laps_settings or {}) - set(SAME_SPEED_SETTINGS)
+    bad = set(laps_settings or {}) - set(SETTINGS)
     if bad:
-        raise ValueError(f"unknown laps settings {sorted(bad)}; known: {sorted(SAME_SPEED_SETTINGS)}")
+        raise ValueError(f"unknown laps settings {sorted(bad)}; known: {sorted(SETTINGS)}")
     comp, real = _load_round(vo)
     run = comp["run"]
     if "mixed" not in real or "laps" not in real:
@@ -393,10 +394,7 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
     if trace:
         run = dict(run, trace=trace)
         mixed, _ = simulate_mode("mixed", run, model, vo_cal)
-    laps_run = dict(run, **(laps_settings or {}))
-    if "window_mode" in laps_run:  # adaptive, static or off: the short pool's waiting window
-        laps_run["window"] = dict(run["window"], mode=laps_run.pop("window_mode"))
-    laps, _ = simulate_mode("laps", laps_run, model, vo_cal)
+    laps, _ = simulate_mode("laps", apply_to_run(run, laps_settings or {}), model, vo_cal)
     a, b = report.summarize(mixed), report.summarize(laps)
     return {"round": vo.round, "mixed": a, "laps": b, "ratio": report.ratio(b, a),
             "calibration": dataclasses.asdict(cal), "laps_settings": laps_settings or {},
