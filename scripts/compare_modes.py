@@ -74,10 +74,10 @@ def parse(argv):
                    help="cap of the adaptive window in seconds (default: half the cheapest "
                         "predicted step)")
     s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
-                   help="order inside each pool: highest response ratio (waited + service) / "
-                        "service first; remaining tokens minus a linear aging credit; or "
-                        "fewest remaining tokens first, with requests waiting past --max-wait "
-                        "ahead")
+                   help="order inside each pool: srpt, fewest remaining tokens first with "
+                        "requests waiting past --max-wait ahead; ratio, highest response ratio "
+                        "(waited + service) / service first; or aging, remaining tokens minus "
+                        "a linear credit")
     s.add_argument("--max-wait", type=float, default=None,
                    help="with --order srpt: seconds after which a request goes ahead of shorter "
                         "ones (default: 16 full-budget prefill steps as predicted)")

@@ -289,27 +289,27 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
 
 
 def test_a_variant_runs_its_mode_with_its_settings_beside_the_others(tmp_path):
-    """--variant laps-srpt=laps:order=srpt runs in the same rounds as laps and mixed, with its
-    own ratio and goals: its requests are exactly those of a run of laps with order srpt (virtual
+    """--variant laps-ratio=laps:order=ratio runs in the same rounds as laps and mixed, with its
+    own ratio and goals: its requests are exactly those of a run of laps with order ratio (virtual
     time is exact), laps keeps its own order, and validation replays the variant with its
     settings (every cell exact)."""
     from laps_jax.scheduler.variants import parse_variant
     from laps_jax.sim.validate import ValidationOptions, validate
     logs: list[str] = []
     out = _simulated_compare(tmp_path / "ab", logs,
-                             variants=(parse_variant("laps-srpt=laps:order=srpt"),))
+                             variants=(parse_variant("laps-ratio=laps:order=ratio"),))
     order = [line.split(":")[1].strip() for line in logs if line.startswith("round")]
-    assert order == ["mixed", "laps", "laps-srpt", "laps-srpt", "laps", "mixed"]
-    alone = _simulated_compare(tmp_path / "srpt", order="srpt")
+    assert order == ["mixed", "laps", "laps-ratio", "laps-ratio", "laps", "mixed"]
+    alone = _simulated_compare(tmp_path / "ratio", order="ratio")
     virtual = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # wall_s: real time
-    assert virtual(out["rounds"][0]["laps-srpt"]) == virtual(alone["rounds"][0]["laps"])
+    assert virtual(out["rounds"][0]["laps-ratio"]) == virtual(alone["rounds"][0]["laps"])
     assert virtual(out["rounds"][0]["laps"]) != virtual(alone["rounds"][0]["laps"])  # orders differ
-    assert out["ratio_variants"]["laps-srpt"] == alone["ratio"]
-    assert out["goals_met_variants"]["laps-srpt"] == alone["goals_met"]
-    assert out["run"]["variants"] == {"laps-srpt": {"mode": "laps",
-                                                    "settings": {"order": "srpt"}}}
+    assert out["ratio_variants"]["laps-ratio"] == alone["ratio"]
+    assert out["goals_met_variants"]["laps-ratio"] == alone["goals_met"]
+    assert out["run"]["variants"] == {"laps-ratio": {"mode": "laps",
+                                                    "settings": {"order": "ratio"}}}
     r = validate(ValidationOptions(str(tmp_path / "ab"), calibrate=True, round=1))
-    assert {row["mode"] for row in r["rows"]} == {"mixed", "laps", "laps-srpt"}
+    assert {row["mode"] for row in r["rows"]} == {"mixed", "laps", "laps-ratio"}
     assert r["worst_abs_error"] < 1e-6
 
 

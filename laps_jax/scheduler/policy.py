@@ -11,7 +11,9 @@ ready (bucket full, window over, or a deadline close) -- or, with cross_pool="ag
 pool instead when its best request already scores lower; while a short window is open the device
 waits for it; otherwise a long chunk. Inside each pool work is ordered by remaining work with
 aging (DESIGN.md, policy notes: the order inside the pools matters as much as the split): by
-default highest response ratio first (pools.py), or remaining tokens minus a linear credit.
+default fewest remaining tokens first with a wait bound (pools.py; chosen by an A/B of the
+orders in one run on both traces, docs/BENCHMARKS_SCHEDULER.md session 6), or highest response
+ratio first, or remaining tokens minus a linear credit.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class SchedulerConfig:
                                           # full-budget prefill step with a model, else 0)
     cross_pool: str = "short-first"       # "short-first": a ready short batch runs first;
                                           # "aging": it yields to a long request scoring lower
-    order: str = "ratio"                  # in-pool order: "ratio" (response ratio), "aging"
-                                          # or "srpt" (fewest remaining; see max_wait_s)
+    order: str = "srpt"                   # in-pool order: "srpt" (fewest remaining; see
+                                          # max_wait_s), "ratio" (response ratio) or "aging"
     max_wait_s: float | None = None       # srpt: a request waiting this long goes first
                                           # (None: 16 full-budget steps as predicted)
     fallback_threshold: int = 256         # used when there is no latency model

@@ -44,10 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threshold", type=int, default=None,
                    help="short/long cut in new tokens (default: from --latency-profile, else 256)")
     s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
-                   help="order inside each pool: ratio (highest response ratio first; default), "
-                        "aging (fewest remaining minus a credit for waiting) or srpt (fewest "
-                        "remaining first, a request waiting 16 full prefill steps goes ahead; "
-                        "lower mean TTFT on single-turn traffic, docs/BENCHMARKS_SCHEDULER.md)")
+                   help="order inside each pool: srpt (fewest remaining tokens first, a request "
+                        "waiting 16 full prefill steps goes ahead; default), ratio (highest "
+                        "response ratio first) or aging (fewest remaining minus a credit for "
+                        "waiting); docs/BENCHMARKS_SCHEDULER.md compares them")
     s.add_argument("--latency-profile", default=None,
                    help="profile.json from scripts/profile_latency.py (calibrates the threshold "
                         "and the waiting window); some of its shapes are timed again at start "
