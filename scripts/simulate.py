@@ -110,7 +110,9 @@ def parse(argv):
                    help="which round of a compare_modes --repeats run to predict (1)")
     v.add_argument("--all-rounds", action="store_true",
                    help="predict every round the run kept, and show each real round against "
-                        "the next (the noise floor)")
+                        "the next (the noise floor); then each cell's median over the rounds, "
+                        "real against simulated (what a --repeats run reports; it sets the exit "
+                        "status), beside the odd rounds' median against the even rounds'")
     v.add_argument("--same-speed", action="store_true",
                    help="also replay both modes with mixed's per-kind calibration and report "
                         "laps/mixed as if the machine had run both modes at the same speed")

@@ -313,6 +313,32 @@ def test_a_variant_runs_its_mode_with_its_settings_beside_the_others(tmp_path):
     assert r["worst_abs_error"] < 1e-6
 
 
+def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
+    """The median-over-rounds verdict: per cell, the median of the real values over the rounds
+    against the median of the simulated ones; cells of pools under min_samples are shown, not
+    judged; the noise floor compares the odd rounds' real median with the even rounds'."""
+    from laps_jax.sim.validate import over_rounds
+
+    def result(real50, sim50, real90, sim90, n=50):
+        row = {"mode": "laps", "pool": "short", "n_real": n, "n_sim": n,
+               "real_p50_ms": real50, "sim_p50_ms": sim50,
+               "real_p90_ms": real90, "sim_p90_ms": sim90}
+        tiny = dict(row, pool="long", n_real=2, real_p50_ms=1.0, sim_p50_ms=9.0)
+        return {"rows": [row, tiny], "options": {"min_samples": 5, "tolerance": 0.2}}
+    # round by round the p90 is off by 40-50%, but the medians agree within 10%
+    rounds = [result(10, 11, 100, 150), result(20, 19, 200, 110), result(30, 30, 150, 200)]
+    med = over_rounds(rounds, 0.2)
+    short = next(r for r in med["rows"] if r["pool"] == "short")
+    assert (short["real_p50_ms"], short["sim_p50_ms"]) == (20, 19)
+    assert (short["real_p90_ms"], short["sim_p90_ms"]) == (150, 150)
+    assert med["cells"] == 2 and med["within_tolerance"]  # the long pool (2 requests): not judged
+    floor = next(r for r in med["halves"]["rows"] if r["pool"] == "short")
+    assert (floor["real_p50_ms"], floor["sim_p50_ms"]) == (20, 20)   # rounds 1, 3 vs round 2
+    assert floor["err_p90"] == pytest.approx(200 / 125 - 1)
+    assert not med["halves"]["within_tolerance"]
+    assert not over_rounds([result(10, 13, 100, 100)] * 3, 0.2)["within_tolerance"]
+
+
 @pytest.mark.parametrize("text, match", [
     ("laps-srpt=laps", "NAME=MODE:KEY=VALUE"),
     ("laps=laps:order=srpt", "taken"),

@@ -276,6 +276,46 @@ def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: 
             "options": {"tolerance": tolerance, "min_samples": min_samples}}
 
 
+def _cells(results: list[dict], side: str) -> dict[tuple, list[float]]:
+    """(mode, pool, q) -> that cell's value in each round where it has enough samples."""
+    out: dict[tuple, list[float]] = {}
+    for r in results:
+        for row in r["rows"]:
+            for q in ("p50", "p90"):
+                v = row[f"{side}_{q}_ms"]
+                if v is not None and row["n_real"] >= r["options"]["min_samples"]:
+                    out.setdefault((row["mode"], row["pool"], q), []).append(v)
+    return out
+
+
+def _median_rows(a: dict[tuple, list[float]], b: dict[tuple, list[float]],
+                 n: dict[tuple, int]) -> list[dict]:
+    rows = []
+    for mode, pool in dict.fromkeys((m, p) for m, p, _ in a):
+        cell = lambda d, q: (float(np.median(d[(mode, pool, q)]))
+                             if d.get((mode, pool, q)) else None)
+        rows.append(_row(mode, pool, {"n": n.get((mode, pool), 0), "p50": cell(a, "p50"),
+                                      "p90": cell(a, "p90")},
+                         {"n": n.get((mode, pool), 0), "p50": cell(b, "p50"),
+                          "p90": cell(b, "p90")}))
+    return rows
+
+
+def over_rounds(results: list[dict], tolerance: float = 0.20) -> dict:
+    """What a compare_modes run with --repeats reports is a median over its rounds: each cell's
+    median over the rounds, real against simulated (each round simulated at that round's
+    calibration). Beside it the noise floor of such a median on this machine: the real median
+    of the odd rounds against that of the even rounds."""
+    n = {(row["mode"], row["pool"]): row["n_real"] for row in results[0]["rows"]}
+    rows = _median_rows(_cells(results, "real"), _cells(results, "sim"), n)
+    odd, even = results[0::2], results[1::2]
+    floor = _median_rows(_cells(odd, "real"), _cells(even, "real"), n) if even else []
+    opts = {"tolerance": tolerance, "min_samples": results[0]["options"]["min_samples"]}
+    return {"rounds": len(results), "rows": rows, **_summary(rows, 0, tolerance),
+            "options": opts, "halves": {"rows": floor, **_summary(floor, 0, tolerance),
+                                        "options": opts}}
+
+
 def fit_overlap(run: dict, model: LatencyModel, vo: ValidationOptions, measured: float) -> float:
     """The shared-device overlap at which simulated laps-spatial spends the measured step
     seconds (concurrent steps take longer the less they overlap): bisection on (-0.9, 1)."""
