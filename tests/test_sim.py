@@ -282,7 +282,7 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
         (1, "laps"), (1, "mixed"), (2, "laps"), (2, "mixed")]
     assert len(rows) == 4 * 60
     assert [sorted(m) for m in out["metrics_rounds"]] == [["laps", "mixed"]] * 2
-    from laps_jax.sim.validate import real_requests, run_rounds
+    from laps_jax.sim.cells import real_requests, run_rounds
     assert run_rounds(out) == 2
     assert {m: len(v) for m, v in real_requests(str(tmp_path), 2).items()} == {"mixed": 60,
                                                                                 "laps": 60}
@@ -317,7 +317,7 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     """The median-over-rounds verdict: per cell, the median of the real values over the rounds
     against the median of the simulated ones; cells of pools under min_samples are shown, not
     judged; the noise floor compares the odd rounds' real median with the even rounds'."""
-    from laps_jax.sim.validate import over_rounds
+    from laps_jax.sim.cells import over_rounds
 
     def result(real50, sim50, real90, sim90, n=50):
         row = {"mode": "laps", "pool": "short", "n_real": n, "n_sim": n,
@@ -388,7 +388,7 @@ def test_calibration_scales_each_kind_and_its_jitter_is_seeded():
 
 
 def test_step_jitter_is_the_real_spread_the_simulation_lacks():
-    from laps_jax.sim.validate import step_jitter
+    from laps_jax.sim.lane_timings import step_jitter
 
     def lanes(*buckets):  # (key, [step seconds ...]) -> lanes as comparison.json holds them
         acc = {k: [len(ts), sum(ts), sum(t * t for t in ts)] for k, ts in buckets}

@@ -17,8 +17,8 @@ from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 from laps_jax.scheduler import report
 from laps_jax.scheduler.variants import parse_settings
-from laps_jax.sim.validate import (ValidationOptions, markdown, over_rounds,
-                                   repeatability, run_rounds, same_speed, validate)
+from laps_jax.sim.cells import markdown, over_rounds, repeatability, run_rounds
+from laps_jax.sim.validate import ValidationOptions, same_speed, validate
 
 
 def _log(msg: str) -> None:

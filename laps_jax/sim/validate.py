@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
-import numpy as np
 
 from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.executables import BucketGrid
@@ -26,13 +24,14 @@ from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
 from laps_jax.scheduler.variants import SETTINGS, apply_to_run
 from laps_jax.scheduler.window import WindowConfig
+from laps_jax.sim.cells import POOLS, _row, _summary, by_pool, real_requests, run_rounds
 from laps_jax.sim.executor import Calibration, FastGrid
+from laps_jax.sim.lane_timings import (KINDS, bucket_seconds_per_step, host_seconds_per_step,
+                                       kind_seconds_per_step, num_steps, step_jitter,
+                                       step_seconds, submit_lateness)
 from laps_jax.sim.hardware import from_profile
 from laps_jax.sim.instance import InstanceSpec, build_dispatcher
 from laps_jax.workload.sessions import SessionTrace
-
-POOLS = ("all", "short", "long")
-
 
 @dataclasses.dataclass
 class ValidationOptions:
@@ -52,20 +51,6 @@ class ValidationOptions:
     submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
 
 
-def _percentiles(ttfts: list[float]) -> dict:
-    if not ttfts:
-        return {"n": 0, "p50": None, "p90": None}
-    return {"n": len(ttfts), "p50": 1e3 * float(np.percentile(ttfts, 50)),
-            "p90": 1e3 * float(np.percentile(ttfts, 90))}
-
-
-def by_pool(rows: list[dict]) -> dict:
-    ok = [r for r in rows if r.get("ttft") is not None and r.get("finish_reason") in
-          ("length", "stop")]
-    return {p: _percentiles([r["ttft"] for r in ok if p == "all" or r["pool"] == p])
-            for p in POOLS}
-
-
 def _options(run: dict) -> compare.CompareOptions:
     ecfg = EngineConfig(**run["engine"])
     th = run.get("threshold", "auto")
@@ -76,46 +61,6 @@ def _options(run: dict) -> compare.CompareOptions:
         threshold=None if th in (None, "auto") else int(th),
         window=WindowConfig(**run["window"]), time_scale=run["time_scale"],
         max_output=run.get("max_output"), seed=run.get("seed", 0))
-
-
-def step_seconds(lanes: list[dict]) -> float:
-    return sum(l["counters"]["prefill_seconds"] + l["counters"]["decode_seconds"] for l in lanes)
-
-
-def num_steps(lanes: list[dict]) -> int:
-    return sum(l["counters"]["prefill_steps"] + l["counters"]["decode_steps"] for l in lanes)
-
-
-KINDS = ("prefill", "decode")
-
-
-def kind_seconds_per_step(lanes: list[dict], kind: str) -> float | None:
-    steps = sum(l["counters"][f"{kind}_steps"] for l in lanes)
-    return sum(l["counters"][f"{kind}_seconds"] for l in lanes) / steps if steps else None
-
-
-def submit_lateness(rows: list[dict]) -> float | None:
-    """Mean seconds from a request's stamped arrival to its submit in a real run (None for runs
-    recorded before requests carried `submitted`)."""
-    late = [r["submitted"] - r["arrival"] for r in rows if r.get("submitted") is not None]
-    return float(np.mean(late)) if late else None
-
-
-def _bucket_sums(lanes: list[dict]) -> dict[str, list[float]]:
-    """Per compiled shape ("decode 8x1"), over the lanes: [steps, seconds, seconds^2] (empty for
-    runs recorded before lanes kept them)."""
-    acc: dict[str, list[float]] = {}
-    for l in lanes:
-        for key, sums in l["counters"].get("bucket_seconds", {}).items():
-            a = acc.setdefault(key, [0, 0.0, 0.0])
-            for i in range(3):
-                a[i] += sums[i]
-    return acc
-
-
-def bucket_seconds_per_step(lanes: list[dict], min_steps: int = 5) -> dict[str, float]:
-    """Mean seconds per step of each compiled shape run at least min_steps times."""
-    return {k: s1 / n for k, (n, s1, _) in _bucket_sums(lanes).items() if n >= min_steps}
 
 
 def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOptions,
@@ -141,39 +86,6 @@ def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOpt
         cal.jitter = {k: step_jitter(real_lanes, lanes, k) for k in KINDS}
         stats, lanes = simulate_mode(mode, run, model, dataclasses.replace(vo, calibration=cal))
     return cal, stats, lanes
-
-
-def _bucket_cv2(lanes: list[dict], kind: str) -> dict[str, tuple[int, float]]:
-    """Per compiled shape of one kind: (steps, squared coefficient of variation of its time)."""
-    out = {}
-    for key, (n, s1, s2) in _bucket_sums(lanes).items():
-        if key.startswith(kind + " "):
-            mean = s1 / n
-            out[key] = (int(n), max(0.0, s2 / n - mean * mean) / (mean * mean) if mean > 0
-                        else 0.0)
-    return out
-
-
-def step_jitter(real_lanes: list[dict], sim_lanes: list[dict], kind: str,
-                min_steps: int = 5) -> float:
-    """The real run's step-to-step spread that the simulation does not already have: per
-    shape, the real squared coefficient of variation of step time less the simulated one (which
-    comes from contexts differing within a shape), averaged over steps; 0 for runs recorded
-    before lanes kept per-shape times."""
-    real, sim = _bucket_cv2(real_lanes, kind), _bucket_cv2(sim_lanes, kind)
-    pairs = [(n, max(0.0, cv2 - sim.get(key, (0, 0.0))[1]))
-             for key, (n, cv2) in real.items() if n >= min_steps]
-    steps = sum(n for n, _ in pairs)
-    return math.sqrt(sum(n * x for n, x in pairs) / steps) if steps else 0.0
-
-
-def host_seconds_per_step(lanes: list[dict]) -> float | None:
-    """The real lanes' loop time around steps (admission, planning, thread hops) per step;
-    None for runs recorded before lanes counted it."""
-    if not all("host_seconds" in l["counters"] for l in lanes):
-        return None
-    steps = num_steps(lanes)
-    return sum(l["counters"]["host_seconds"] for l in lanes) / steps if steps else 0.0
 
 
 def simulate_mode(mode: str, run: dict, model: LatencyModel,
@@ -225,95 +137,6 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
         await d.stop(drain=True)
         return stats, [dataclasses.asdict(l) for l in d.metrics().lanes]
     return run_simulated(main())
-
-
-def real_requests(run_dir: str, rnd: int = 1) -> dict[str, list[dict]]:
-    """One round's requests per mode (runs recorded before rounds were kept: round 1 only)."""
-    real: dict[str, list[dict]] = {}
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("round", 1) == rnd:
-                real.setdefault(r["mode"], []).append(r)
-    return real
-
-
-def run_rounds(comp: dict) -> int:
-    """Rounds whose requests and lane metrics a compare_modes run kept."""
-    return len(comp.get("metrics_rounds", [])) or 1
-
-
-def _row(mode: str, pool: str, a: dict, b: dict) -> dict:
-    row = {"mode": mode, "pool": pool, "n_real": a["n"], "n_sim": b["n"]}
-    for q in ("p50", "p90"):
-        x, y = a[q], b[q]
-        row.update({f"real_{q}_ms": x, f"sim_{q}_ms": y,
-                    f"err_{q}": (y - x) / x if x and y is not None else None})
-    return row
-
-
-def _errors(rows: list[dict], min_samples: int) -> list[float]:
-    return [abs(r[f"err_{q}"]) for r in rows for q in ("p50", "p90")
-            if r[f"err_{q}"] is not None and r["n_real"] >= min_samples]
-
-
-def _summary(rows: list[dict], min_samples: int, tolerance: float) -> dict:
-    errs = _errors(rows, min_samples)
-    return {"worst_abs_error": max(errs, default=0.0),
-            "median_abs_error": float(np.median(errs)) if errs else 0.0,
-            "cells_within_tolerance": sum(e <= tolerance for e in errs), "cells": len(errs),
-            "within_tolerance": max(errs, default=0.0) <= tolerance}
-
-
-def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: int = 5,
-                  rounds: tuple[int, int] = (1, 1)) -> dict:
-    """Two real runs of the same settings side by side (b in the 'sim' columns), or two rounds
-    of one run: the noise floor any prediction of one real run is up against on this machine."""
-    a, b = real_requests(dir_a, rounds[0]), real_requests(dir_b, rounds[1])
-    rows = [_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p]) for m in a if m in b for p in POOLS]
-    return {"run_dir": dir_a, "repeat_dir": dir_b, "rounds": list(rounds), "rows": rows,
-            **_summary(rows, min_samples, tolerance),
-            "options": {"tolerance": tolerance, "min_samples": min_samples}}
-
-
-def _cells(results: list[dict], side: str) -> dict[tuple, list[float]]:
-    """(mode, pool, q) -> that cell's value in each round where it has enough samples."""
-    out: dict[tuple, list[float]] = {}
-    for r in results:
-        for row in r["rows"]:
-            for q in ("p50", "p90"):
-                v = row[f"{side}_{q}_ms"]
-                if v is not None and row["n_real"] >= r["options"]["min_samples"]:
-                    out.setdefault((row["mode"], row["pool"], q), []).append(v)
-    return out
-
-
-def _median_rows(a: dict[tuple, list[float]], b: dict[tuple, list[float]],
-                 n: dict[tuple, int]) -> list[dict]:
-    rows = []
-    for mode, pool in dict.fromkeys((m, p) for m, p, _ in a):
-        cell = lambda d, q: (float(np.median(d[(mode, pool, q)]))
-                             if d.get((mode, pool, q)) else None)
-        rows.append(_row(mode, pool, {"n": n.get((mode, pool), 0), "p50": cell(a, "p50"),
-                                      "p90": cell(a, "p90")},
-                         {"n": n.get((mode, pool), 0), "p50": cell(b, "p50"),
-                          "p90": cell(b, "p90")}))
-    return rows
-
-
-def over_rounds(results: list[dict], tolerance: float = 0.20) -> dict:
-    """What a compare_modes run with --repeats reports is a median over its rounds: each cell's
-    median over the rounds, real against simulated (each round simulated at that round's
-    calibration). Beside it the noise floor of such a median on this machine: the real median
-    of the odd rounds against that of the even rounds."""
-    n = {(row["mode"], row["pool"]): row["n_real"] for row in results[0]["rows"]}
-    rows = _median_rows(_cells(results, "real"), _cells(results, "sim"), n)
-    odd, even = results[0::2], results[1::2]
-    floor = _median_rows(_cells(odd, "real"), _cells(even, "real"), n) if even else []
-    opts = {"tolerance": tolerance, "min_samples": results[0]["options"]["min_samples"]}
-    return {"rounds": len(results), "rows": rows, **_summary(rows, 0, tolerance),
-            "options": opts, "halves": {"rows": floor, **_summary(floor, 0, tolerance),
-                                        "options": opts}}
 
 
 def fit_overlap(run: dict, model: LatencyModel, vo: ValidationOptions, measured: float) -> float:
@@ -440,20 +263,3 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
             "calibration": dataclasses.asdict(cal), "laps_settings": laps_settings or {},
             "trace": run["trace"]}
 
-
-def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
-    f = lambda x: "-" if x is None else f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
-    e = lambda x: "-" if x is None else f"{100 * x:+.0f}%"
-    a, b = names
-    lines = [f"| mode | pool | n | {a} p50 ms | {b} p50 ms | err | {a} p90 ms | {b} p90 ms | err |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['mode']} | {r['pool']} | {r['n_real']} | {f(r['real_p50_ms'])} | "
-                     f"{f(r['sim_p50_ms'])} | {e(r['err_p50'])} | {f(r['real_p90_ms'])} | "
-                     f"{f(r['sim_p90_ms'])} | {e(r['err_p90'])} |")
-    lines.append(f"\n{result['cells_within_tolerance']}/{result['cells']} cells within "
-                 f"{100 * result['options']['tolerance']:.0f}%; median |error| "
-                 f"{100 * result['median_abs_error']:.0f}%, worst "
-                 f"{100 * result['worst_abs_error']:.0f}%: "
-                 f"{'PASS' if result['within_tolerance'] else 'FAIL'}")
-    return "\n".join(lines) + "\n"

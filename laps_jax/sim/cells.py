@@ -1,0 +1,138 @@
+"""Real against predicted TTFT cells (p50 and p90, per mode and pool): the tables, the
+verdicts and the noise floors the simulator's validation is judged by.
+
+A cell is within tolerance when |predicted - real| / real <= tolerance; pools with fewer than
+`min_samples` requests are shown, not judged. Besides one round against its prediction, two
+noise floors: a real round against the next one, and for a --repeats run the odd rounds'
+median against the even rounds'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+POOLS = ("all", "short", "long")
+
+
+def _percentiles(ttfts: list[float]) -> dict:
+    if not ttfts:
+        return {"n": 0, "p50": None, "p90": None}
+    return {"n": len(ttfts), "p50": 1e3 * float(np.percentile(ttfts, 50)),
+            "p90": 1e3 * float(np.percentile(ttfts, 90))}
+
+
+def by_pool(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("ttft") is not None and r.get("finish_reason") in
+          ("length", "stop")]
+    return {p: _percentiles([r["ttft"] for r in ok if p == "all" or r["pool"] == p])
+            for p in POOLS}
+
+
+def real_requests(run_dir: str, rnd: int = 1) -> dict[str, list[dict]]:
+    """One round's requests per mode (runs recorded before rounds were kept: round 1 only)."""
+    real: dict[str, list[dict]] = {}
+    with open(os.path.join(run_dir, "requests.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("round", 1) == rnd:
+                real.setdefault(r["mode"], []).append(r)
+    return real
+
+
+def run_rounds(comp: dict) -> int:
+    """Rounds whose requests and lane metrics a compare_modes run kept."""
+    return len(comp.get("metrics_rounds", [])) or 1
+
+
+def _row(mode: str, pool: str, a: dict, b: dict) -> dict:
+    row = {"mode": mode, "pool": pool, "n_real": a["n"], "n_sim": b["n"]}
+    for q in ("p50", "p90"):
+        x, y = a[q], b[q]
+        row.update({f"real_{q}_ms": x, f"sim_{q}_ms": y,
+                    f"err_{q}": (y - x) / x if x and y is not None else None})
+    return row
+
+
+def _errors(rows: list[dict], min_samples: int) -> list[float]:
+    return [abs(r[f"err_{q}"]) for r in rows for q in ("p50", "p90")
+            if r[f"err_{q}"] is not None and r["n_real"] >= min_samples]
+
+
+def _summary(rows: list[dict], min_samples: int, tolerance: float) -> dict:
+    errs = _errors(rows, min_samples)
+    return {"worst_abs_error": max(errs, default=0.0),
+            "median_abs_error": float(np.median(errs)) if errs else 0.0,
+            "cells_within_tolerance": sum(e <= tolerance for e in errs), "cells": len(errs),
+            "within_tolerance": max(errs, default=0.0) <= tolerance}
+
+
+def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: int = 5,
+                  rounds: tuple[int, int] = (1, 1)) -> dict:
+    """Two real runs of the same settings side by side (b in the 'sim' columns), or two rounds
+    of one run: the noise floor any prediction of one real run is up against on this machine."""
+    a, b = real_requests(dir_a, rounds[0]), real_requests(dir_b, rounds[1])
+    rows = [_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p]) for m in a if m in b for p in POOLS]
+    return {"run_dir": dir_a, "repeat_dir": dir_b, "rounds": list(rounds), "rows": rows,
+            **_summary(rows, min_samples, tolerance),
+            "options": {"tolerance": tolerance, "min_samples": min_samples}}
+
+
+def _cells(results: list[dict], side: str) -> dict[tuple, list[float]]:
+    """(mode, pool, q) -> that cell's value in each round where it has enough samples."""
+    out: dict[tuple, list[float]] = {}
+    for r in results:
+        for row in r["rows"]:
+            for q in ("p50", "p90"):
+                v = row[f"{side}_{q}_ms"]
+                if v is not None and row["n_real"] >= r["options"]["min_samples"]:
+                    out.setdefault((row["mode"], row["pool"], q), []).append(v)
+    return out
+
+
+def _median_rows(a: dict[tuple, list[float]], b: dict[tuple, list[float]],
+                 n: dict[tuple, int]) -> list[dict]:
+    rows = []
+    for mode, pool in dict.fromkeys((m, p) for m, p, _ in a):
+        cell = lambda d, q: (float(np.median(d[(mode, pool, q)]))
+                             if d.get((mode, pool, q)) else None)
+        rows.append(_row(mode, pool, {"n": n.get((mode, pool), 0), "p50": cell(a, "p50"),
+                                      "p90": cell(a, "p90")},
+                         {"n": n.get((mode, pool), 0), "p50": cell(b, "p50"),
+                          "p90": cell(b, "p90")}))
+    return rows
+
+
+def over_rounds(results: list[dict], tolerance: float = 0.20) -> dict:
+    """What a compare_modes run with --repeats reports is a median over its rounds: each cell's
+    median over the rounds, real against simulated (each round simulated at that round's
+    calibration). Beside it the noise floor of such a median on this machine: the real median
+    of the odd rounds against that of the even rounds."""
+    n = {(row["mode"], row["pool"]): row["n_real"] for row in results[0]["rows"]}
+    rows = _median_rows(_cells(results, "real"), _cells(results, "sim"), n)
+    odd, even = results[0::2], results[1::2]
+    floor = _median_rows(_cells(odd, "real"), _cells(even, "real"), n) if even else []
+    opts = {"tolerance": tolerance, "min_samples": results[0]["options"]["min_samples"]}
+    return {"rounds": len(results), "rows": rows, **_summary(rows, 0, tolerance),
+            "options": opts, "halves": {"rows": floor, **_summary(floor, 0, tolerance),
+                                        "options": opts}}
+
+
+def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
+    f = lambda x: "-" if x is None else f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+    e = lambda x: "-" if x is None else f"{100 * x:+.0f}%"
+    a, b = names
+    lines = [f"| mode | pool | n | {a} p50 ms | {b} p50 ms | err | {a} p90 ms | {b} p90 ms | err |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['mode']} | {r['pool']} | {r['n_real']} | {f(r['real_p50_ms'])} | "
+                     f"{f(r['sim_p50_ms'])} | {e(r['err_p50'])} | {f(r['real_p90_ms'])} | "
+                     f"{f(r['sim_p90_ms'])} | {e(r['err_p90'])} |")
+    lines.append(f"\n{result['cells_within_tolerance']}/{result['cells']} cells within "
+                 f"{100 * result['options']['tolerance']:.0f}%; median |error| "
+                 f"{100 * result['median_abs_error']:.0f}%, worst "
+                 f"{100 * result['worst_abs_error']:.0f}%: "
+                 f"{'PASS' if result['within_tolerance'] else 'FAIL'}")
+    return "\n".join(lines) + "\n"
