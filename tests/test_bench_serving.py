@@ -154,6 +154,23 @@ def test_cli_end_to_end(server, tmp_path):
     assert json.loads((tmp_path / "f.json").read_text())["summary"]["failed"] == 2
 
 
+@pytest.mark.parametrize("flags, bad", [
+    (["--variant", "laps-ratio=laps:order=ratio"], "--variant"),
+    (["--max-wait", "1.5"], "--max-wait"),
+    (["--window", "off"], "--window"),
+])
+def test_compare_modes_over_http_refuses_what_serve_py_cannot_take(flags, bad, tmp_path):
+    """Settings that only steer the in-process dispatcher are refused with --http (serve.py
+    would silently run without them), before any server starts."""
+    import subprocess
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "compare_modes.py"), "--http",
+         "--trace", "unused.csv", "--trace-format", "azure", "--output-dir", str(tmp_path),
+         *flags], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"{bad} cannot be combined with --http" in proc.stderr
+
+
 def test_compare_modes_over_http(checkpoint, tmp_path):
     """compare_modes.py --http: a real server per mode, the Azure trace replayed over loopback."""
     import subprocess
