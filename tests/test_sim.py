@@ -342,6 +342,7 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
 @pytest.mark.parametrize("text, match", [
     ("laps-srpt=laps", "NAME=MODE:KEY=VALUE"),
     ("laps=laps:order=srpt", "taken"),
+    ("run=laps:order=srpt", "taken"),
     ("x=fcfs:order=srpt", "mode is one of"),
     ("x=laps:order=sjf", "order is one of"),
     ("x=laps:threshold=abc", "threshold wants a int"),

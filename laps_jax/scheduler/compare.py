@@ -233,6 +233,8 @@ def _executor(o: CompareOptions, sim: bool, engines, model):
 
 
 def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dict:
+    if len({v.name for v in o.variants}) != len(o.variants):
+        raise ValueError("two variants share a name")
     os.makedirs(o.output_dir, exist_ok=True)
     if o.simulate:
         if not o.profile:
@@ -276,8 +278,6 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
 
     modes = o.all_modes()
     variants = {v.name: v for v in o.variants}
-    if len(variants) != len(o.variants):
-        raise ValueError("two variants share a name")
 
     def run_mode(mode: str):
         v = variants.get(mode)

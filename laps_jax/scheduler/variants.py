@@ -19,6 +19,9 @@ from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
 SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
             "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float}
+# comparison.json keys beside the modes' own: a variant may not be named like one
+RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
+            "metrics", "rounds", "metrics_rounds")
 _CHOICES = {"order": ORDERS, "cross_pool": ("short-first", "aging"),
             "window_mode": ("adaptive", "static", "off")}
 
@@ -65,7 +68,7 @@ def parse_variant(text: str) -> Variant:
     if not eq or not colon or not name:
         raise ValueError(f"a variant is NAME=MODE:KEY=VALUE[,KEY=VALUE], e.g. "
                          f"laps-srpt=laps:order=srpt; got {text!r}")
-    if name in MODES or name == "ratio" or "/" in name:
+    if name in MODES or name in RESERVED or "/" in name:
         raise ValueError(f"variant name {name!r} is taken or has a '/': pick another")
     if mode not in MODES:
         raise ValueError(f"variant {name!r}: mode is one of {', '.join(MODES)}; got {mode!r}")

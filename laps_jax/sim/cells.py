@@ -47,7 +47,7 @@ def run_rounds(comp: dict) -> int:
     return len(comp.get("metrics_rounds", [])) or 1
 
 
-def _row(mode: str, pool: str, a: dict, b: dict) -> dict:
+def compare_row(mode: str, pool: str, a: dict, b: dict) -> dict:
     row = {"mode": mode, "pool": pool, "n_real": a["n"], "n_sim": b["n"]}
     for q in ("p50", "p90"):
         x, y = a[q], b[q]
@@ -61,7 +61,7 @@ def _errors(rows: list[dict], min_samples: int) -> list[float]:
             if r[f"err_{q}"] is not None and r["n_real"] >= min_samples]
 
 
-def _summary(rows: list[dict], min_samples: int, tolerance: float) -> dict:
+def verdict(rows: list[dict], min_samples: int, tolerance: float) -> dict:
     errs = _errors(rows, min_samples)
     return {"worst_abs_error": max(errs, default=0.0),
             "median_abs_error": float(np.median(errs)) if errs else 0.0,
@@ -74,9 +74,10 @@ def repeatability(dir_a: str, dir_b: str, tolerance: float = 0.20, min_samples: 
     """Two real runs of the same settings side by side (b in the 'sim' columns), or two rounds
     of one run: the noise floor any prediction of one real run is up against on this machine."""
     a, b = real_requests(dir_a, rounds[0]), real_requests(dir_b, rounds[1])
-    rows = [_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p]) for m in a if m in b for p in POOLS]
+    rows = [compare_row(m, p, by_pool(a[m])[p], by_pool(b[m])[p])
+            for m in a if m in b for p in POOLS]
     return {"run_dir": dir_a, "repeat_dir": dir_b, "rounds": list(rounds), "rows": rows,
-            **_summary(rows, min_samples, tolerance),
+            **verdict(rows, min_samples, tolerance),
             "options": {"tolerance": tolerance, "min_samples": min_samples}}
 
 
@@ -96,12 +97,10 @@ def _median_rows(a: dict[tuple, list[float]], b: dict[tuple, list[float]],
                  n: dict[tuple, int]) -> list[dict]:
     rows = []
     for mode, pool in dict.fromkeys((m, p) for m, p, _ in a):
-        cell = lambda d, q: (float(np.median(d[(mode, pool, q)]))
-                             if d.get((mode, pool, q)) else None)
-        rows.append(_row(mode, pool, {"n": n.get((mode, pool), 0), "p50": cell(a, "p50"),
-                                      "p90": cell(a, "p90")},
-                         {"n": n.get((mode, pool), 0), "p50": cell(b, "p50"),
-                          "p90": cell(b, "p90")}))
+        side = lambda d: {"n": n.get((mode, pool), 0),
+                          **{q: (float(np.median(d[(mode, pool, q)]))
+                                 if d.get((mode, pool, q)) else None) for q in ("p50", "p90")}}
+        rows.append(compare_row(mode, pool, side(a), side(b)))
     return rows
 
 
@@ -115,8 +114,8 @@ def over_rounds(results: list[dict], tolerance: float = 0.20) -> dict:
     odd, even = results[0::2], results[1::2]
     floor = _median_rows(_cells(odd, "real"), _cells(even, "real"), n) if even else []
     opts = {"tolerance": tolerance, "min_samples": results[0]["options"]["min_samples"]}
-    return {"rounds": len(results), "rows": rows, **_summary(rows, 0, tolerance),
-            "options": opts, "halves": {"rows": floor, **_summary(floor, 0, tolerance),
+    return {"rounds": len(results), "rows": rows, **verdict(rows, 0, tolerance),
+            "options": opts, "halves": {"rows": floor, **verdict(floor, 0, tolerance),
                                         "options": opts}}
 
 

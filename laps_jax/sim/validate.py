@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 
-
 from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.scheduler import compare, report
@@ -24,14 +23,15 @@ from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
 from laps_jax.scheduler.variants import SETTINGS, apply_to_run
 from laps_jax.scheduler.window import WindowConfig
-from laps_jax.sim.cells import POOLS, _row, _summary, by_pool, real_requests, run_rounds
+from laps_jax.sim.cells import POOLS, by_pool, compare_row, real_requests, run_rounds, verdict
 from laps_jax.sim.executor import Calibration, FastGrid
+from laps_jax.sim.hardware import from_profile
+from laps_jax.sim.instance import InstanceSpec, build_dispatcher
 from laps_jax.sim.lane_timings import (KINDS, bucket_seconds_per_step, host_seconds_per_step,
                                        kind_seconds_per_step, num_steps, step_jitter,
                                        step_seconds, submit_lateness)
-from laps_jax.sim.hardware import from_profile
-from laps_jax.sim.instance import InstanceSpec, build_dispatcher
 from laps_jax.workload.sessions import SessionTrace
+
 
 @dataclasses.dataclass
 class ValidationOptions:
@@ -206,7 +206,8 @@ def validate(vo: ValidationOptions) -> dict:
             m, v = ((model, dataclasses.replace(vo, calibration=cals["laps"])) if "laps" in cals
                     else (model.scaled(factors["laps"]), vo))
             overlap = fit_overlap(run, m, v, measured)
-            stats, lanes = simulate_mode(mode, run, m, dataclasses.replace(v, spatial_overlap=overlap))
+            stats, lanes = simulate_mode(mode, run, m,
+                                         dataclasses.replace(v, spatial_overlap=overlap))
             factors[mode] = factors["laps"]
         elif vo.calibrate:  # the machine's speed during this mode, from its own step timings:
             # mean seconds per step, real over simulated (totals would let a simulation that
@@ -221,10 +222,10 @@ def validate(vo: ValidationOptions) -> dict:
         else:
             stats, lanes = simulate_mode(mode, run, model, vo)
         a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
-        rows += [_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
+        rows += [compare_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
     return {"run_dir": vo.run_dir, "round": vo.round, "options": dataclasses.asdict(vo),
             "rows": rows,
-            **_summary(rows, vo.min_samples, vo.tolerance),
+            **verdict(rows, vo.min_samples, vo.tolerance),
             "speed_factors": factors, "spatial_overlap_fitted": overlap,
             "host_overhead_s": host, "submit_lateness_s": lateness,
             "others_cpu_share": {m: comp[m].get("others_cpu_share") for m in real},
