@@ -85,10 +85,3 @@ def apply(cfg: SchedulerConfig, settings: dict) -> SchedulerConfig:
         s["window"] = dataclasses.replace(cfg.window, mode=s.pop("window_mode"))
     return dataclasses.replace(cfg, **s)
 
-
-def apply_to_run(run: dict, settings: dict) -> dict:
-    """A recorded run's settings (comparison.json `run`) with `settings` changed."""
-    out = dict(run, **{k: v for k, v in settings.items() if k != "window_mode"})
-    if "window_mode" in settings:
-        out["window"] = dict(run["window"], mode=settings["window_mode"])
-    return out

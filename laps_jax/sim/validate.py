@@ -21,7 +21,7 @@ from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
-from laps_jax.scheduler.variants import SETTINGS, apply_to_run
+from laps_jax.scheduler.variants import SETTINGS, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim.cells import POOLS, by_pool, compare_row, real_requests, run_rounds, verdict
 from laps_jax.sim.executor import Calibration, FastGrid
@@ -88,14 +88,14 @@ def calibrate_kinds(mode: str, run: dict, model: LatencyModel, vo: ValidationOpt
     return cal, stats, lanes
 
 
-def simulate_mode(mode: str, run: dict, model: LatencyModel,
-                  vo: ValidationOptions) -> tuple[list, list[dict]]:
+def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptions,
+                  settings: dict | None = None) -> tuple[list, list[dict]]:
     """One mode of the recorded run, replayed on simulated instances: its RequestStats and
     the lanes' metrics. A variant of the run (`run["variants"]`) replays its base mode with
-    its settings."""
+    its settings; `settings` (variants.SETTINGS keys) change the scheduler's further."""
     variant = run.get("variants", {}).get(mode)
     if variant:
-        mode, run = variant["mode"], apply_to_run(run, variant["settings"])
+        mode, settings = variant["mode"], {**variant["settings"], **(settings or {})}
     o = _options(run)
     cfg = PRESETS[run["model"]]
     ecfg = o.ecfg
@@ -111,16 +111,17 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel,
     slo_fn = lambda new, cached: o.slo_scale * slo_model.predict_prefill(max(new, 1), cached,
                                                                          ref_grid)
     work = compare._workload(o, cfg.vocab_size, max_len)
+    scheduler = SchedulerConfig(threshold=o.threshold, window=o.window,
+                                cross_pool=run.get("cross_pool", "short-first"),
+                                order=run.get("order", "ratio"),
+                                decode_gap_s=run.get("decode_gap_s", 0.0),
+                                long_budget_tokens=run.get("long_budget_tokens"),
+                                aging_tokens_per_s=run.get("aging_tokens_per_s"),
+                                max_postpone_s=run.get("max_postpone_s"),
+                                max_wait_s=run.get("max_wait_s"))
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
                         page_size=ecfg.page_size, max_model_len=max_len,
-                        scheduler=SchedulerConfig(threshold=o.threshold, window=o.window,
-                                                  cross_pool=run.get("cross_pool", "short-first"),
-                                                  order=run.get("order", "ratio"),
-                                                  decode_gap_s=run.get("decode_gap_s", 0.0),
-                                                  long_budget_tokens=run.get("long_budget_tokens"),
-                                                  aging_tokens_per_s=run.get("aging_tokens_per_s"),
-                                                  max_postpone_s=run.get("max_postpone_s"),
-                                                  max_wait_s=run.get("max_wait_s")),
+                        scheduler=apply(scheduler, settings or {}),
                         spatial_devices=1, spatial_overlap=vo.spatial_overlap,
                         host_overhead_s=vo.host_overhead_s, calibration=vo.calibration,
                         prefix_cache=ecfg.enable_prefix_cache)
@@ -258,7 +259,7 @@ def same_speed(vo: ValidationOptions, laps_settings: dict | None = None,
     if trace:
         run = dict(run, trace=trace)
         mixed, _ = simulate_mode("mixed", run, model, vo_cal)
-    laps, _ = simulate_mode("laps", apply_to_run(run, laps_settings or {}), model, vo_cal)
+    laps, _ = simulate_mode("laps", run, model, vo_cal, laps_settings)
     a, b = report.summarize(mixed), report.summarize(laps)
     return {"round": vo.round, "mixed": a, "laps": b, "ratio": report.ratio(b, a),
             "calibration": dataclasses.asdict(cal), "laps_settings": laps_settings or {},
