@@ -89,8 +89,9 @@ def parse(argv):
                    help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
                         "settings changed, named NAME, with its own ratio to mixed; e.g. "
                         "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
-                        "threshold, window_mode, long_budget_tokens, decode_gap_s, "
-                        "aging_tokens_per_s, max_postpone_s, max_wait_s). Repeatable: the fair "
+                        "threshold, window_mode, long_budget_tokens, long_chunk_ratio, "
+                        "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s). "
+                        "Repeatable: the fair "
                         "A/B of two settings on a shared machine (same arrivals and rounds)")
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
                    help="laps: a ready short batch always runs first (short-first, the LAPS "
@@ -100,9 +101,11 @@ def parse(argv):
                         "full-budget prefill step as predicted, the same bound in every mode; "
                         "0: a decode step after every prefill step)")
     s.add_argument("--long-budget", type=int, default=None,
-                   help="laps: padded tokens per long-pool chunk (default: the step budget, "
-                        "--max-batch-tokens or --max-chunk); smaller chunks let short requests "
-                        "in sooner at some throughput cost")
+                   help="laps: padded tokens per long-pool chunk (default: the widest bucket "
+                        "predicted to take at most 5 of the cheapest prefill steps, "
+                        "SchedulerConfig.long_chunk_ratio: 256 of 512 for bench-cpu here; "
+                        "laps-spatial: the step budget). Smaller chunks let "
+                        "short requests in sooner at some throughput cost")
     s.add_argument("--no-buckets", action="store_true",
                    help="ablation: compile one prefill executable (1 x --max-chunk) so every "
                         "prefill step pads to it, instead of the (batch, tokens) bucket grid")

@@ -112,13 +112,15 @@ def parse(argv):
                    help="predict every round the run kept, and show each real round against "
                         "the next (the noise floor); then each cell's median over the rounds, "
                         "real against simulated (what a --repeats run reports; it sets the exit "
-                        "status), beside the odd rounds' median against the even rounds'")
+                        "status), beside the odd rounds' median against the even rounds'. "
+                        "--output then holds {\"rounds\": [...], \"over_rounds\": {...}}")
     v.add_argument("--same-speed", action="store_true",
                    help="also replay both modes with mixed's per-kind calibration and report "
                         "laps/mixed as if the machine had run both modes at the same speed")
     v.add_argument("--same-speed-laps", action="append", metavar="KEY=VALUE",
                    help="with --same-speed: replay laps with this scheduler setting changed "
-                        "(order, cross_pool, long_budget_tokens, decode_gap_s; repeatable)")
+                        "(order, cross_pool, long_budget_tokens, long_chunk_ratio, "
+                        "decode_gap_s, ...: the keys of compare_modes --variant; repeatable)")
     v.add_argument("--same-speed-trace", default=None,
                    help="with --same-speed: replay this trace (same format) on each round's "
                         "calibration instead of the run's")

@@ -379,6 +379,42 @@ def test_decode_gap_defaults_to_one_full_prefill_step():
     assert derive(SchedulerConfig(), GRID, None).decode_gap_s == 0.0
 
 
+def test_long_chunk_is_the_widest_bucket_within_ratio_of_the_cheapest_step():
+    from laps_jax.scheduler.policy import long_chunk
+    grid = BucketGrid.default(max_chunk=512, max_prefill_batch=8, max_decode_batch=8,
+                              min_tokens=16, max_batch_tokens=512)
+    cpu = lambda n: 0.005 + 1e-4 * n      # compute-bound: 16 -> 6.6 ms, 256 -> 30.6, 512 -> 56.2
+    assert long_chunk(grid, 512, cpu, 5.0) == 256
+    assert long_chunk(grid, 512, cpu, 10.0) == 512
+    assert long_chunk(grid, 512, cpu, 1.0) == 16     # never under the smallest bucket
+    assert long_chunk(grid, 128, cpu, 10.0) == 128   # never over the budget
+    assert long_chunk(grid, 512, cpu, None) == 512   # off: the step budget, as in mixed
+    gpu = lambda n: 0.015 + 2e-5 * n      # weights dominate a small step
+    assert long_chunk(grid, 512, gpu, 5.0) == 512
+
+
+def test_decode_gap_is_one_full_budget_step_whatever_the_long_chunk():
+    """Smaller long chunks must not bring more decode steps with them (on this CPU a 16-row
+    decode step costs a fifth of a full prefill step)."""
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.scheduler.policy import derive
+    full = MODEL.predict(StepShape.exact((GRID.max_chunk,)))
+    d = derive(SchedulerConfig(long_budget_tokens=32), GRID, MODEL)
+    assert d.long_budget == 32 and d.decode_gap_s == pytest.approx(full)
+    with pytest.raises(ValueError, match="long_chunk_ratio"):
+        derive(SchedulerConfig(long_chunk_ratio=0.0), GRID, MODEL)
+
+
+def test_laps_spatial_long_group_keeps_full_chunks():
+    """The ratio sizes laps' long chunks so short work is not held up; in laps-spatial the long
+    group runs no short work, so its chunks stay the full budget."""
+    cfg = SchedulerConfig(threshold=64, long_chunk_ratio=1.0)
+    laps, _ = _sim_dispatcher("laps", config=cfg)
+    spatial, _ = _sim_dispatcher("laps-spatial", config=cfg, lanes=2)
+    assert laps.derived.long_budget == GRID.prefill_tokens[0]
+    assert spatial.derived.long_budget == GRID.max_batch_tokens
+
+
 @pytest.mark.parametrize("mode", ["mixed", "laps"])
 def test_prefill_steps_run_back_to_back_within_the_decode_gap(mode):
     """A decoding request does not get a decode step after every prefill step while the gap

@@ -35,10 +35,13 @@ def step(rows: list[int], width: int) -> float:
     return MODEL.predict(StepShape.bucketed(tuple(rows), (0,) * len(rows), b, width))
 
 
-def spec(mode: str, threshold: int = 64, window: WindowConfig | None = None) -> InstanceSpec:
+def spec(mode: str, threshold: int = 64, window: WindowConfig | None = None,
+         long_chunk_ratio: float | None = None) -> InstanceSpec:
+    """(Long chunks are the full budget unless a ratio is given: hand-checkable steps.)"""
     return InstanceSpec(mode, GRID, kv_cache_tokens=8192, max_model_len=2048,
                         scheduler=SchedulerConfig(threshold=threshold,
-                                                  window=window or WindowConfig(mode="off")))
+                                                  window=window or WindowConfig(mode="off"),
+                                                  long_chunk_ratio=long_chunk_ratio))
 
 
 def replay(inst: InstanceSpec, arrivals: list[tuple[float, int]]) -> list:
@@ -89,6 +92,19 @@ def test_two_requests_in_a_known_order():
     _, b, c = replay(spec("laps"), arrivals)
     assert c.ttft == pytest.approx(da + dc - 0.002)
     assert b.ttft == pytest.approx(da + dc + db - 0.001)
+
+
+def test_a_short_request_waits_out_one_long_chunk_not_the_whole_prompt():
+    """laps cuts long prompts into chunks predicted to take at most 5 cheapest steps: a short
+    request arriving during a long prefill waits for the chunk that is running, no more."""
+    cheapest = step([16], 16)
+    w = max(t for t in (16, 32, 64, 128, 256) if step([t], t) <= 5 * cheapest)
+    assert w < 200  # the toy device is compute-bound: 200 tokens are more than 5 small steps
+    arrivals = [(0.0, 200), (0.001, 10)]
+    _, c = replay(spec("laps", long_chunk_ratio=5.0), arrivals)
+    assert c.ttft == pytest.approx(step([w], w) + step([10], 16) - 0.001)
+    _, whole = replay(spec("laps"), arrivals)
+    assert whole.ttft == pytest.approx(step([200], 256) + step([10], 16) - 0.001)
 
 
 def test_shared_device_is_processor_sharing():
@@ -289,25 +305,27 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
 
 
 def test_a_variant_runs_its_mode_with_its_settings_beside_the_others(tmp_path):
-    """--variant laps-ratio=laps:order=ratio runs in the same rounds as laps and mixed, with its
-    own ratio and goals: its requests are exactly those of a run of laps with order ratio (virtual
-    time is exact), laps keeps its own order, and validation replays the variant with its
-    settings (every cell exact)."""
+    """--variant laps-ratio=laps:order=ratio,long_budget_tokens=512 runs in the same rounds as
+    laps and mixed, with its own ratio and goals: its requests are exactly those of a run of laps
+    with those settings (virtual time is exact), laps keeps its own, and validation replays the
+    variant with its settings (every cell exact)."""
     from laps_jax.scheduler.variants import parse_variant
     from laps_jax.sim.validate import ValidationOptions, validate
     logs: list[str] = []
     out = _simulated_compare(tmp_path / "ab", logs,
-                             variants=(parse_variant("laps-ratio=laps:order=ratio"),))
+                             variants=(parse_variant(
+                                 "laps-ratio=laps:order=ratio,long_budget_tokens=512"),))
     order = [line.split(":")[1].strip() for line in logs if line.startswith("round")]
     assert order == ["mixed", "laps", "laps-ratio", "laps-ratio", "laps", "mixed"]
-    alone = _simulated_compare(tmp_path / "ratio", order="ratio")
+    alone = _simulated_compare(tmp_path / "ratio", order="ratio", long_budget_tokens=512)
     virtual = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # wall_s: real time
     assert virtual(out["rounds"][0]["laps-ratio"]) == virtual(alone["rounds"][0]["laps"])
-    assert virtual(out["rounds"][0]["laps"]) != virtual(alone["rounds"][0]["laps"])  # orders differ
+    assert virtual(out["rounds"][0]["laps"]) != virtual(alone["rounds"][0]["laps"])
     assert out["ratio_variants"]["laps-ratio"] == alone["ratio"]
     assert out["goals_met_variants"]["laps-ratio"] == alone["goals_met"]
     assert out["run"]["variants"] == {"laps-ratio": {"mode": "laps",
-                                                    "settings": {"order": "ratio"}}}
+                                                    "settings": {"order": "ratio",
+                                                                 "long_budget_tokens": 512}}}
     r = validate(ValidationOptions(str(tmp_path / "ab"), calibrate=True, round=1))
     assert {row["mode"] for row in r["rows"]} == {"mixed", "laps", "laps-ratio"}
     assert r["worst_abs_error"] < 1e-6

@@ -30,6 +30,7 @@ TTFT target in seconds: the short pool dispatches early rather than miss it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Sequence as Seq
 
@@ -67,7 +68,10 @@ class Dispatcher:
         execs = [_executor(engine, names[0])]
         if mode == "laps-spatial":
             execs.append(_executor(long_engine, names[1]))
-        self.derived = derive(self.config, execs[0].grid, latency_model)
+        cfg = self.config
+        if mode == "laps-spatial":  # the long group's chunks hold up no short work: full size
+            cfg = dataclasses.replace(cfg, long_chunk_ratio=None)
+        self.derived = derive(cfg, execs[0].grid, latency_model)
         self.threshold = self.derived.threshold
         self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
                            self.threshold, self._on_finish, self.derived.decode_gap_s)

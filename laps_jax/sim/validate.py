@@ -18,7 +18,7 @@ from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.executables import BucketGrid
 from laps_jax.scheduler import compare, report
 from laps_jax.scheduler.clock import SimClock, run_simulated
-from laps_jax.scheduler.latency_model import LatencyModel
+from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.replay import replay_open, replay_sessions
 from laps_jax.scheduler.variants import SETTINGS, apply
@@ -111,11 +111,15 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
     slo_fn = lambda new, cached: o.slo_scale * slo_model.predict_prefill(max(new, 1), cached,
                                                                          ref_grid)
     work = compare._workload(o, cfg.vocab_size, max_len)
+    gap, long_budget = run.get("decode_gap_s", 0.0), run.get("long_budget_tokens")
+    if "long_chunk_ratio" not in run and gap is None and long_budget:
+        # a run from before session 7: its decode gap was the predicted long chunk
+        gap = slo_model.predict(StepShape.exact((min(long_budget, ecfg.max_chunk),)))
     scheduler = SchedulerConfig(threshold=o.threshold, window=o.window,
                                 cross_pool=run.get("cross_pool", "short-first"),
                                 order=run.get("order", "ratio"),
-                                decode_gap_s=run.get("decode_gap_s", 0.0),
-                                long_budget_tokens=run.get("long_budget_tokens"),
+                                decode_gap_s=gap, long_budget_tokens=long_budget,
+                                long_chunk_ratio=run.get("long_chunk_ratio"),
                                 aging_tokens_per_s=run.get("aging_tokens_per_s"),
                                 max_postpone_s=run.get("max_postpone_s"),
                                 max_wait_s=run.get("max_wait_s"))
