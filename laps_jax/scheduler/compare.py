@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -25,6 +24,7 @@ from laps_jax.engine.engine import Engine
 from laps_jax.engine.executables import BucketGrid, enable_persistent_cache
 from laps_jax.scheduler import report
 from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
+from laps_jax.scheduler.cpu_meter import CpuMeter
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
@@ -56,7 +56,7 @@ class CompareOptions:
     cross_pool: str = "short-first"
     order: str = SchedulerConfig.order
     decode_gap_s: float | None = None  # None: one full prefill step (SchedulerConfig)
-    long_budget_tokens: int | None = None  # laps long-chunk budget (None: the step budget)
+    long_budget_tokens: int | None = None  # laps long-chunk budget (None: long_chunk_ratio)
     aging_tokens_per_s: float | None = None  # order "aging": credit per second waited (None:
                                              # derived; 0: shortest remaining first)
     max_wait_s: float | None = None          # order "srpt": wait after which a request goes
@@ -155,34 +155,6 @@ def measure_capacity(burst: Callable[[], tuple], repeats: int) -> list[float]:
         stats, _, seconds = burst()
         measured.append(len(stats) / seconds)
     return measured
-
-
-class CpuMeter:
-    """Share of the machine's CPU that other processes used while a mode ran (the CPU is
-    shared: a busy neighbour slows one mode and not another, so the run records it)."""
-
-    def __enter__(self):
-        self.t, self.busy, self.ours = time.perf_counter(), _busy_jiffies(), _our_seconds()
-        return self
-
-    def __exit__(self, *exc):
-        wall = time.perf_counter() - self.t
-        busy = (_busy_jiffies() - self.busy) / os.sysconf("SC_CLK_TCK")
-        self.others = max(0.0, busy - (_our_seconds() - self.ours)) / (wall * os.cpu_count())
-
-
-def _busy_jiffies() -> float:
-    try:
-        with open("/proc/stat") as f:
-            v = [float(x) for x in f.readline().split()[1:]]
-        return sum(v) - v[3] - v[4]  # all but idle and iowait
-    except OSError:
-        return 0.0
-
-
-def _our_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _one_token(work: list[OpenRequest]) -> list[OpenRequest]:
@@ -351,22 +323,6 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         out["rounds"] = rounds
         out["metrics_rounds"] = round_metrics
         out["run"]["repeats"] = len(rounds)
-    with open(os.path.join(o.output_dir, "comparison.json"), "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    with open(os.path.join(o.output_dir, "comparison.md"), "w") as f:
-        label = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
-        if label:
-            f.write(f"Mode rows: round 1 of {len(rounds)}. Ratio rows: median over the rounds' "
-                    "ratios (every round in comparison.json, `rounds`).\n\n")
-        f.write(report.markdown(results, {k + label: v for k, v in ratios.items()}))
-    with open(os.path.join(o.output_dir, "requests.jsonl"), "w") as f:
-        for rnd, mode, stats in every:
-            for s in stats:
-                f.write(json.dumps({"mode": mode, "round": rnd, **s.to_dict()}) + "\n")
-    title = os.path.basename(o.trace)
-    try:
-        report.plot(per_mode, os.path.join(o.output_dir, "ttft_cdf.png"),
-                    os.path.join(o.output_dir, "ttft_short_long.png"), title)
-    except ImportError:
-        log("matplotlib is not installed: no PNG plots (pip install 'laps_jax[plots]')")
+    report.write_outputs(o.output_dir, out, rounds, results, ratios, every, per_mode,
+                         os.path.basename(o.trace), log)
     return out

@@ -3,7 +3,9 @@ table and TTFT plots. Pure functions over `RequestStats` lists."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import json
+import os
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -145,3 +147,28 @@ def plot(per_mode: dict[str, list[RequestStats]], path_cdf: str, path_split: str
     fig.tight_layout()
     fig.savefig(path_split, dpi=120)
     plt.close(fig)
+
+
+def write_outputs(out_dir: str, out: dict, rounds: list[dict], results: dict, ratios: dict,
+                  every: list[tuple[int, str, list[RequestStats]]],
+                  per_mode: dict[str, list[RequestStats]], title: str,
+                  log: Callable[[str], None]) -> None:
+    """A comparison's files: comparison.json (`out`), comparison.md (round 1's rows, the
+    ratios' medians), requests.jsonl (every request of every round) and the TTFT plots."""
+    with open(os.path.join(out_dir, "comparison.json"), "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "comparison.md"), "w") as f:
+        label = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
+        if label:
+            f.write(f"Mode rows: round 1 of {len(rounds)}. Ratio rows: median over the rounds' "
+                    "ratios (every round in comparison.json, `rounds`).\n\n")
+        f.write(markdown(results, {k + label: v for k, v in ratios.items()}))
+    with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
+        for rnd, mode, stats in every:
+            for s in stats:
+                f.write(json.dumps({"mode": mode, "round": rnd, **s.to_dict()}) + "\n")
+    try:
+        plot(per_mode, os.path.join(out_dir, "ttft_cdf.png"),
+             os.path.join(out_dir, "ttft_short_long.png"), title)
+    except ImportError:
+        log("matplotlib is not installed: no PNG plots (pip install 'laps_jax[plots]')")
