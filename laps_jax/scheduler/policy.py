@@ -45,7 +45,7 @@ class SchedulerConfig:
                                           # many cheapest prefill steps (None: budget_tokens)
     max_postpone_s: float | None = None   # starvation bound of the long pool
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
-    aging_fraction: float = 0.25          # default aging: this share of a full step's tokens/s
+    aging_fraction: float = 0.25          # default aging: this share of a long chunk's tokens/s
     max_padding: float = 0.5              # largest padded share a batch may grow to
     decode_gap_s: float | None = None     # prefill may hold decode back this long (None: one
                                           # full-budget prefill step with a model, else 0)
@@ -54,7 +54,7 @@ class SchedulerConfig:
     order: str = "srpt"                   # in-pool order: "srpt" (fewest remaining; see
                                           # max_wait_s), "ratio" (response ratio) or "aging"
     max_wait_s: float | None = None       # srpt: a request waiting this long goes first
-                                          # (None: 16 full-budget steps as predicted)
+                                          # (None: 16 long chunks as predicted)
     fallback_threshold: int = 256         # used when there is no latency model
     kv_handoff: bool = True               # laps-spatial: long prefills decode in the short
                                           # group (K/V copied over); False: where prefilled
@@ -106,7 +106,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     step = lambda n: model.predict(StepShape.exact((min(n, grid.max_chunk),)))
     long_budget = cfg.long_budget_tokens or long_chunk(grid, budget, step, cfg.long_chunk_ratio)
     full = step(long_budget)
-    # a request gains `aging_fraction` of a full step's worth of tokens per full step it waits
+    # a request gains `aging_fraction` of a long chunk's worth of tokens per chunk it waits
     # (0 is a setting: no aging, i.e. shortest remaining first; no postponement)
     aging = _given(cfg.aging_tokens_per_s, cfg.aging_fraction * long_budget / full)
     postpone = _given(cfg.max_postpone_s, 8.0 * full)
