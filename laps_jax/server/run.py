@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "response ratio first) or aging (fewest remaining minus a credit for "
                         "waiting); docs/BENCHMARKS_SCHEDULER.md compares them")
     s.add_argument("--latency-profile", default=None,
-                   help="profile.json from scripts/profile_latency.py (calibrates the threshold "
-                        "and the waiting window); some of its shapes are timed again at start "
+                   help="profile.json from scripts/profile_latency.py (calibrates the threshold, "
+                        "the waiting window and laps' long-chunk size; without it long chunks "
+                        "are the full step budget); some of its shapes are timed again at start "
                         "and the model scaled to this machine's speed now")
     s.add_argument("--no-rescale-profile", action="store_true",
                    help="use --latency-profile's rates as they are")
