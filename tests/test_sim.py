@@ -367,6 +367,8 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     ("x=laps:threshold=-4", ">= 0"),
     ("x=laps:budget=4", "KEY one of"),
     ("x=laps:", "changes no setting"),
+    ("x=laps:long_chunk_ratio=0", "long_chunk_ratio must be > 0"),  # in range for the parser,
+    ("x=laps:max_wait_s=0", "'x': max_wait_s must be > 0"),         # not for the scheduler
 ])
 def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
     from laps_jax.scheduler.variants import parse_variant

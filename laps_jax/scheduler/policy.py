@@ -82,7 +82,8 @@ def _given(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
+def check(cfg: SchedulerConfig) -> None:
+    """Raises ValueError naming the first setting out of range (before anything runs)."""
     if cfg.cross_pool not in ("aging", "short-first"):
         raise ValueError(f"cross_pool must be aging or short-first, got {cfg.cross_pool!r}")
     if cfg.aging_tokens_per_s is not None and not cfg.aging_tokens_per_s >= 0:
@@ -93,6 +94,10 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
         raise ValueError(f"max_wait_s must be > 0, got {cfg.max_wait_s}")
     if cfg.long_chunk_ratio is not None and not cfg.long_chunk_ratio > 0:
         raise ValueError(f"long_chunk_ratio must be > 0, got {cfg.long_chunk_ratio}")
+
+
+def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
+    check(cfg)
     budget = cfg.budget_tokens or grid.max_batch_tokens
     window = dataclasses.replace(cfg.window)
     if model is None:

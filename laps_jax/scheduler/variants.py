@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
+from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig, check
 
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;
 # `window_mode` is the short pool's waiting window (adaptive, static, off).
@@ -75,6 +75,10 @@ def parse_variant(text: str) -> Variant:
     parsed = parse_settings(settings)
     if not parsed:
         raise ValueError(f"variant {name!r} changes no setting")
+    try:  # refused now, not when its turn comes after minutes of warm-up and other modes
+        check(apply(SchedulerConfig(), parsed))
+    except ValueError as e:
+        raise ValueError(f"variant {name!r}: {e}") from None
     return Variant(name, mode, parsed)
 
 
