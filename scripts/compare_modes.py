@@ -122,9 +122,19 @@ def parse(argv):
                    help="run every mode this many times on the same arrivals (order alternating "
                         "each round) and report the median of the per-round laps/mixed ratios; "
                         "tables and plots show round 1; requests.jsonl holds every round")
+    s.add_argument("--max-others-cpu", type=float, default=0.1, metavar="SHARE",
+                   help="run a mode's replay again when others (other processes, the "
+                        "hypervisor's steal) took more than this share (0..1) of all cores "
+                        "meanwhile: a busy neighbour slows one mode and not another "
+                        "(negative: never)")
+    s.add_argument("--busy-reruns", type=int, default=2,
+                   help="at most this many such reruns per mode and round; the last run is "
+                        "kept and named in comparison.md as suspect")
     s.add_argument("--output-dir", required=True, help="directory for the results")
     s.add_argument("--seed", type=int, default=0, help="weights, token ids and profiling seed")
     args = ap.parse_args(argv)
+    if args.busy_reruns < 0:
+        ap.error("--busy-reruns must be >= 0")
     if args.http:  # these steer the in-process dispatcher; serve.py does not take them
         bad = [flag for flag, on in (("--repeats", args.repeats != 1),
                                      ("--long-budget", args.long_budget is not None),
@@ -135,7 +145,9 @@ def parse(argv):
                                      ("--cross-pool", args.cross_pool != "short-first"),
                                      ("--window", args.window != "adaptive"),
                                      ("--no-buckets", args.no_buckets),
-                                     ("--simulate", args.simulate)) if on]
+                                     ("--simulate", args.simulate),
+                                     ("--busy-reruns", args.busy_reruns != 2),
+                                     ("--max-others-cpu", args.max_others_cpu != 0.1)) if on]
         if bad:
             ap.error(f"{', '.join(bad)} cannot be combined with --http")
     try:
@@ -207,7 +219,9 @@ def main(argv=None) -> int:
         capacity_requests=args.capacity_requests,
         capacity_repeats=args.capacity_repeats, max_output=args.max_output,
         capacity_mode=args.capacity_mode, dtype=args.dtype or "float32", seed=args.seed,
-        compile_cache=args.compile_cache, simulate=args.simulate, variants=tuple(args.variant))
+        compile_cache=args.compile_cache, simulate=args.simulate, variants=tuple(args.variant),
+        max_others_cpu=None if args.max_others_cpu < 0 else args.max_others_cpu,
+        busy_reruns=args.busy_reruns)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:

@@ -158,6 +158,7 @@ def test_cli_end_to_end(server, tmp_path):
     (["--variant", "laps-ratio=laps:order=ratio"], "--variant"),
     (["--max-wait", "1.5"], "--max-wait"),
     (["--window", "off"], "--window"),
+    (["--busy-reruns", "0"], "--busy-reruns"),
 ])
 def test_compare_modes_over_http_refuses_what_serve_py_cannot_take(flags, bad, tmp_path):
     """Settings that only steer the in-process dispatcher are refused with --http (serve.py

@@ -84,6 +84,25 @@ async def test_every_mode_matches_one_at_a_time(engines, mode):
         assert engines[0].kv.num_used == 0 and engines[1].kv.num_used == 0
 
 
+async def test_long_chunks_in_a_short_batchs_empty_rows_give_the_same_tokens(engines):
+    """laps fills the bucket rows a short batch leaves empty with chunks of long prompts: two
+    long prompts and three short ones arrive together, the short batch runs in a 4-row bucket
+    with a long chunk in its fourth row, and every request still decodes what it decodes alone."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(10, 500) for _ in range(n)] for n in (140, 90, 12, 20, 27)]
+    params = SamplingParams(max_tokens=4)
+    engines[0].kv.clear_prefix_cache()
+    expected = [engines[0].generate([p], params)[0].output for p in prompts]
+    d = _dispatcher(engines, "laps", window=WindowConfig(mode="off"))
+    await d.start()
+    handles = [d.submit(p, params) for p in prompts]  # no await between: admitted together
+    got = [[ev.token_id async for ev in h] for h in handles]
+    m = d.metrics()
+    await d.stop()
+    assert got == expected
+    assert m.lanes[0].counters.filled_long_tokens > 0
+
+
 async def _random_run(d, rng, prompts, params, abort_p, abort_s, gap_s):
     """Submits every prompt at random gaps, aborting some at a random moment; waits for all,
     stops the dispatcher; returns the requests' stats and the final metrics."""

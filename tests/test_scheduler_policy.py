@@ -436,3 +436,69 @@ def test_prefill_steps_run_back_to_back_within_the_decode_gap(mode):
     (alternate, steps0), (gapped, steps1) = last_prefill(0.0), last_prefill(10.0)
     assert steps0 == steps1 >= 4  # the same prefill steps (one for `dec`, >= 3 for the six)
     assert gapped < alternate
+
+
+def test_a_short_batchs_empty_bucket_rows_carry_long_chunks():
+    """Three short requests fill 3 of a 4 x 32 bucket's rows: the fourth, padding either way,
+    takes a 32-token chunk of the long pool's first request (fewest remaining). The bucket
+    does not grow, a full bucket takes nothing, and fill_rows=False keeps the batch short-only."""
+    from laps_jax.scheduler.policy import LapsPlanner, derive
+
+    def planner_with(shorts, fill=True):
+        d = derive(SchedulerConfig(threshold=64, max_postpone_s=100.0, fill_rows=fill,
+                                   window=WindowConfig(mode="off")), GRID, None)
+        p = LapsPlanner(GRID, d)
+        longs = [req(300), req(100)]
+        for r in longs:
+            r.stats.pool = LONG
+            p.add(r, 0.0)
+        for n in shorts:
+            r = req(n, 0.1)
+            r.stats.pool = SHORT
+            p.add(r, 0.1)
+        return p, longs
+
+    p, (big, small) = planner_with([20, 18, 30])
+    plan = p.plan(0.2)
+    assert plan.pool == SHORT and (plan.bucket.batch, plan.bucket.tokens) == (4, 32)
+    assert [n for _, n in plan.work] == [18, 20, 30, 32] and plan.work[-1][0] is small
+    assert plan.filled_tokens == 32 and GRID.fit_prefill(4, 32) == plan.bucket
+    p, _ = planner_with([20, 18, 30], fill=False)
+    plan = p.plan(0.2)
+    assert len(plan.work) == 3 and plan.filled_tokens == 0
+    p, _ = planner_with([20, 18, 30, 25])
+    assert len(p.plan(0.2).work) == 4  # the bucket is full: no long row
+    p, (big, small) = planner_with([20, 18, 30])
+    small.seq.num_computed = 90      # 10 left: the chunk is what remains, not the width
+    assert p.plan(0.2).work[-1] == (small, 10)
+
+
+@pytest.mark.parametrize("device, rows", [
+    (DeviceSpec("h200-like", 790e12, 4.8e12, 2e-3), 3),  # weights and overhead dominate
+    (DeviceSpec("cpu-like", 1e11, 1e15, 1e-4), 1),       # a row costs its tokens: no growth
+])
+def test_with_a_model_a_short_batch_grows_rows_for_long_chunks_only_while_nearly_free(device,
+                                                                                      rows):
+    """One 20-token short request (a 1 x 32 bucket) and two long ones: where the step is
+    memory-bound, the batch grows into a 4 x 32 bucket with both long requests' 32-token chunks
+    (predicted within fill_slack of the short batch alone); where compute-bound, it runs alone."""
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.scheduler.policy import LapsPlanner, derive
+    model = LatencyModel(PRESETS["qwen2.5-0.5b"], 2, device)  # shapes only, nothing allocated
+    d = derive(SchedulerConfig(threshold=64, max_postpone_s=100.0,
+                               window=WindowConfig(mode="off")), GRID, model)
+    p = LapsPlanner(GRID, d)
+    for n, pool in ((300, LONG), (100, LONG), (20, SHORT)):
+        r = req(n)
+        r.stats.pool = pool
+        p.add(r, 0.0)
+    plan = p.plan(0.1)
+    assert plan.pool == SHORT and [n for _, n in plan.work] == [20, 32, 32][:rows]
+    alone = model.predict(StepShape.bucketed([20], [0], 1, 32))
+    if rows > 1:
+        assert (plan.bucket.batch, plan.bucket.tokens) == (4, 32) and plan.filled_tokens == 64
+        assert d.predict(plan.work, plan.bucket) <= (1 + d.fill_slack) * alone
+    else:
+        assert (plan.bucket.batch, plan.bucket.tokens) == (1, 32)
+        grown = model.predict(StepShape.bucketed([20, 32], [0, 0], 2, 32))
+        assert grown > (1 + d.fill_slack) * alone  # why it did not grow

@@ -249,6 +249,66 @@ def test_generated_sessions_keep_their_lengths_at_any_rate():
     assert starts(b)[-1] == pytest.approx(starts(a)[-1] / 4)
 
 
+def test_a_run_that_shared_the_cpu_is_run_again_and_a_kept_one_is_named():
+    """compare_modes reruns a mode's replay while others (processes, steal) took more than the
+    bound of the CPU (at most `reruns` more times), keeps the last result, and comparison.md
+    names both the reruns and a run kept over the bound."""
+    from laps_jax.scheduler.cpu_meter import run_unbusy
+    from laps_jax.scheduler.report import busy_note
+
+    def meters(shares):
+        it = iter(shares)
+
+        class Fake:
+            def __enter__(self):
+                self.others, self.wall = next(it), 1.0
+                return self
+
+            def __exit__(self, *exc):
+                return False
+        return Fake
+
+    calls, told = [], []
+    run = lambda: calls.append(len(calls)) or len(calls)
+    out, m, n = run_unbusy(run, 0.1, 2, told.append, meters([0.3, 0.05, 0.9]))
+    assert (out, m.others, n, told) == (2, 0.05, 1, [0.3])  # second run clean: kept
+    calls.clear()
+    told.clear()
+    out, m, n = run_unbusy(run, 0.1, 2, told.append, meters([0.3, 0.2, 0.4, 0.0]))
+    assert (out, m.others, n, told) == (3, 0.4, 2, [0.3, 0.2])  # out of reruns: last kept
+    calls.clear()
+    out, m, n = run_unbusy(run, None, 2, told.append, meters([0.9]))
+    assert (out, n) == (1, 0)  # no bound: run once
+    rounds = [{"mixed": {"others_cpu_share": 0.02, "busy_reruns": 0},
+               "laps": {"others_cpu_share": 0.04, "busy_reruns": 1}},
+              {"mixed": {"others_cpu_share": 0.35, "busy_reruns": 2},
+               "laps": {"others_cpu_share": None, "busy_reruns": 0}}]
+    note = busy_note(rounds, 0.1)
+    assert "round 1 laps (1x)" in note and "round 2 mixed (2x)" in note
+    assert "over 10% of the CPU (suspect): round 2 mixed (35%)." in note
+    assert "round 1 mixed" not in note and busy_note(rounds[:1], None).count("round") == 1
+    assert busy_note([{"mixed": {"others_cpu_share": 0.0, "busy_reruns": 0}}], 0.1) == ""
+
+
+def test_cpu_meter_counts_others_and_steal_not_ourselves(monkeypatch):
+    """Others' share = (busy jiffies of all cores - our own CPU seconds) / (wall x cores); the
+    hypervisor's steal is busy time that is not ours (its share reported on its own)."""
+    import os
+
+    from laps_jax.scheduler import cpu_meter
+    tick, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count()
+    clock, ours = iter([10.0, 12.0]), iter([1.0, 1.0 + 1.0 * cores])
+    busy = iter([(0.0, 0.0), (1.5 * cores * tick, 0.4 * tick)])
+    monkeypatch.setattr(cpu_meter, "_clock", lambda: next(clock))
+    monkeypatch.setattr(cpu_meter, "_busy_jiffies", lambda: next(busy))
+    monkeypatch.setattr(cpu_meter, "_our_seconds", lambda: next(ours))
+    with cpu_meter.CpuMeter() as m:
+        pass
+    # 2 s of wall: each core busy 1.5 s of it, 1 s of that ours -> others 0.5 / 2 = 0.25
+    assert m.wall == 2.0 and m.others == pytest.approx(0.25)
+    assert m.steal == pytest.approx(0.4 / (2.0 * cores))
+
+
 def test_median_ratio_skips_undefined_rounds():
     from laps_jax.scheduler.report import median_ratio
     got = median_ratio([{"a": 1.0, "b": None}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": None}])

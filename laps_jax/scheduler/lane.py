@@ -137,6 +137,7 @@ class Lane:
         self.inflight = {r for r, _ in plan.work}
         info = await self.executor.prefill([(r.seq, n) for r, n in plan.work])
         self.counters.record(info, plan.pool)
+        self.counters.filled_long_tokens += plan.filled_tokens
         now = self.clock.now()
         self.inflight = set()
         for r, _ in plan.work:

@@ -25,7 +25,7 @@ from typing import Callable
 from laps_jax.engine.executables import Bucket, BucketGrid
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
-                                      Work)
+                                      Work, fits)
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow, WindowConfig
 
@@ -58,6 +58,10 @@ class SchedulerConfig:
     fallback_threshold: int = 256         # used when there is no latency model
     kv_handoff: bool = True               # laps-spatial: long prefills decode in the short
                                           # group (K/V copied over); False: where prefilled
+    fill_rows: bool = True                # laps: a short batch's empty bucket rows carry long
+                                          # chunks (compute the bucket pays for anyway)
+    fill_slack: float = 0.1               # ... and it grows into a bucket of more rows for
+                                          # them while predicted at most this much slower
 
 
 @dataclasses.dataclass
@@ -76,6 +80,8 @@ class Derived:
     service: Callable[[int], float] | None = None
     decode_gap_s: float = 0.0
     max_wait_s: float = 2.0
+    fill_rows: bool = False
+    fill_slack: float | None = None  # None: no latency model, never grow
 
 
 def _given(value: float | None, default: float) -> float:
@@ -106,7 +112,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
         return Derived(lambda c: fixed, budget, long_budget, _given(cfg.max_postpone_s, 1.0),
                        _given(cfg.aging_tokens_per_s, 2000.0), lambda w, b: 0.0, window,
                        cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0,
-                       max_wait_s=_given(cfg.max_wait_s, 2.0))
+                       max_wait_s=_given(cfg.max_wait_s, 2.0), fill_rows=cfg.fill_rows)
 
     step = lambda n: model.predict(StepShape.exact((min(n, grid.max_chunk),)))
     long_budget = cfg.long_budget_tokens or long_chunk(grid, budget, step, cfg.long_chunk_ratio)
@@ -140,7 +146,8 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     gap = step(budget) if cfg.decode_gap_s is None else cfg.decode_gap_s
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
                    cfg.cross_pool, cfg.order, service, gap,
-                   max_wait_s=_given(cfg.max_wait_s, 16.0 * full))
+                   max_wait_s=_given(cfg.max_wait_s, 16.0 * full), fill_rows=cfg.fill_rows,
+                   fill_slack=cfg.fill_slack)
 
 
 def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
@@ -191,7 +198,7 @@ class LapsPlanner:
                                d.service, d.max_wait_s)
         self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service,
                              d.max_wait_s)
-        self.cross_pool = d.cross_pool
+        self.cross_pool, self.fill_rows, self.fill_slack = d.cross_pool, d.fill_rows, d.fill_slack
 
     def add(self, r: Request, now: float) -> None:
         (self.short if r.stats.pool == SHORT else self.long).add(r, now)
@@ -210,10 +217,38 @@ class LapsPlanner:
                 head = self.long.ordered(now)[0]
                 if self.long.score(head, now) < min(self.short.score(r, now) for r, _ in s.work):
                     return self.long.plan(now)
-            return s
+            return self._fill(s, now) if self.fill_rows else s
         if isinstance(s, WaitUntil):
             return WaitUntil(min(s.t, self.long.starve_time())) if len(self.long) else s
         return self.long.plan(now)
+
+    def _fill(self, s: PrefillPlan, now: float) -> PrefillPlan:
+        """Long chunks in the short batch's step, each up to the bucket's width, in the long
+        pool's order: in the bucket rows the batch leaves empty (a 3-row batch in a 4 x 64
+        bucket pays for 4 x 64 tokens anyway), and, with a latency model, in a bucket of more
+        rows while the step is predicted at most `fill_slack` slower: a memory-bound step (a
+        GPU's short batch) takes more rows almost free; on this CPU a row costs its tokens and
+        nothing grows. Not a long step: the postponement clock keeps running."""
+        if not len(self.long):
+            return s
+        heads, width, rows = self.long.ordered(now), s.bucket.tokens, len(s.work)
+        bucket = s.bucket
+        if self.fill_slack is not None:
+            limit = (1.0 + self.fill_slack) * self.short.predict(s.work, s.bucket)
+            for k in range(s.bucket.batch + 1, rows + len(heads) + 1):
+                b = fits(self.short.grid, k, width, self.short.budget)
+                if b is None or b.tokens != width:
+                    break
+                more = [(r, min(r.remaining, width)) for r in heads[:k - rows]]
+                if self.short.predict(s.work + more, b) > limit:
+                    break
+                bucket = b
+        extra = [(r, min(r.remaining, width)) for r in heads[:bucket.batch - rows]]
+        extra = [(r, n) for r, n in extra if n > 0]
+        if not extra:
+            return s
+        return dataclasses.replace(s, work=s.work + extra, bucket=bucket,
+                                   filled_tokens=sum(n for _, n in extra))
 
     def dispatched(self, plan: PrefillPlan, now: float) -> None:
         """The lane runs `plan` now: a long step resets the postponement clock."""

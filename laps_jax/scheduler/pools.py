@@ -30,6 +30,7 @@ class PrefillPlan:
     bucket: Bucket
     waited: float = 0.0  # how long the window held this batch back (device free meanwhile)
     forced: bool = False  # a long step forced by the starvation bound
+    filled_tokens: int = 0  # long-chunk tokens riding in a short batch's empty bucket rows
 
 
 @dataclasses.dataclass

@@ -149,6 +149,26 @@ def plot(per_mode: dict[str, list[RequestStats]], path_cdf: str, path_split: str
     plt.close(fig)
 
 
+def busy_note(rounds: list[dict], bound: float | None) -> str:
+    """A line naming the runs repeated because others (processes, the hypervisor) took the CPU,
+    and the runs kept although they still did (their ratios are suspect); empty if none."""
+    rerun, kept = [], []
+    for i, summary in enumerate(rounds, 1):
+        for mode, r in summary.items():
+            if r.get("busy_reruns"):
+                rerun.append(f"round {i} {mode} ({r['busy_reruns']}x)")
+            share = r.get("others_cpu_share")
+            if bound is not None and share is not None and share > bound:
+                kept.append(f"round {i} {mode} ({100 * share:.0f}%)")
+    parts = []
+    if rerun:
+        parts.append("Run again because others took the CPU: " + ", ".join(rerun) + ".")
+    if kept:
+        parts.append(f"Kept with others over {100 * bound:.0f}% of the CPU (suspect): "
+                     + ", ".join(kept) + ".")
+    return " ".join(parts) + "\n\n" if parts else ""
+
+
 def write_outputs(out_dir: str, out: dict, rounds: list[dict], results: dict, ratios: dict,
                   every: list[tuple[int, str, list[RequestStats]]],
                   per_mode: dict[str, list[RequestStats]], title: str,
@@ -162,6 +182,7 @@ def write_outputs(out_dir: str, out: dict, rounds: list[dict], results: dict, ra
         if label:
             f.write(f"Mode rows: round 1 of {len(rounds)}. Ratio rows: median over the rounds' "
                     "ratios (every round in comparison.json, `rounds`).\n\n")
+        f.write(busy_note(rounds, out.get("run", {}).get("max_others_cpu")))
         f.write(markdown(results, {k + label: v for k, v in ratios.items()}))
     with open(os.path.join(out_dir, "requests.jsonl"), "w") as f:
         for rnd, mode, stats in every:

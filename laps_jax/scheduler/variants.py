@@ -14,11 +14,22 @@ import dataclasses
 
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig, check
 
+def flag(value: str) -> bool:
+    """'1'/'true'/'on'/'yes' or '0'/'false'/'off'/'no'."""
+    v = value.lower()
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(value)
+
+
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;
 # `window_mode` is the short pool's waiting window (adaptive, static, off).
 SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
-            "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float}
+            "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
+            "fill_rows": flag, "fill_slack": float}
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")

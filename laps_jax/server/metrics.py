@@ -69,6 +69,12 @@ class _Live:
         for lane in m.lanes:
             moved.add_metric([lane.name], lane.counters.handoffs_in)
         yield moved
+        filled = CounterMetricFamily("laps_filled_long_tokens", "Long-prompt tokens prefilled in "
+                                     "the empty bucket rows of short batches (laps)",
+                                     labels=["lane"])
+        for lane in m.lanes:
+            filled.add_metric([lane.name], lane.counters.filled_long_tokens)
+        yield filled
         waits = CounterMetricFamily("laps_window_waits", "Short-pool waiting-window waits",
                                     labels=["lane"])
         for lane in m.lanes:

@@ -122,7 +122,10 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
                                 long_chunk_ratio=run.get("long_chunk_ratio"),
                                 aging_tokens_per_s=run.get("aging_tokens_per_s"),
                                 max_postpone_s=run.get("max_postpone_s"),
-                                max_wait_s=run.get("max_wait_s"))
+                                max_wait_s=run.get("max_wait_s"),
+                                # runs recorded before session 9 ran without it
+                                fill_rows=run.get("fill_rows", False),
+                                fill_slack=run.get("fill_slack", 0.0))
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
                         page_size=ecfg.page_size, max_model_len=max_len,
                         scheduler=apply(scheduler, settings or {}),
