@@ -90,7 +90,8 @@ def parse(argv):
                         "settings changed, named NAME, with its own ratio to mixed; e.g. "
                         "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
                         "threshold, window_mode, long_budget_tokens, long_chunk_ratio, "
-                        "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s). "
+                        "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s, fill_rows, "
+                        "fill_slack). "
                         "Repeatable: the fair "
                         "A/B of two settings on a shared machine (same arrivals and rounds)")
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
