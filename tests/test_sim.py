@@ -429,6 +429,8 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     ("x=laps:", "changes no setting"),
     ("x=laps:long_chunk_ratio=0", "long_chunk_ratio must be > 0"),  # in range for the parser,
     ("x=laps:max_wait_s=0", "'x': max_wait_s must be > 0"),         # not for the scheduler
+    ("x=laps:fill_rows=maybe", "fill_rows wants a flag"),
+    ("x=laps:fill_slack=-0.1", ">= 0"),
 ])
 def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
     from laps_jax.scheduler.variants import parse_variant

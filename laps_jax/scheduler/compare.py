@@ -75,8 +75,8 @@ class CompareOptions:
     compile_cache: str | None = None
     simulate: bool = False  # SimExecutors on virtual time with the profile's latency model
     variants: tuple[Variant, ...] = ()  # more modes: a base mode with settings changed
-    max_others_cpu: float | None = 0.1  # a mode's run in which other processes took more of
-                                        # the CPU is run again (None: never)
+    max_others_cpu: float | None = 0.1  # a mode's run in which others (processes, steal) took
+                                        # more of the CPU is run again (None: never)
     busy_reruns: int = 2                # at most this many times per mode and round
 
     def all_modes(self) -> tuple[str, ...]:

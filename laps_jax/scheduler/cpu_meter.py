@@ -37,9 +37,9 @@ class CpuMeter:
 def run_unbusy(fn: Callable[[], T], max_others: float | None, reruns: int,
                on_rerun: Callable[[float], None] = lambda share: None,
                meter: Callable[[], CpuMeter] = CpuMeter) -> tuple[T, CpuMeter, int]:
-    """Run `fn`, again (at most `reruns` more times) while other processes took more than
-    `max_others` of the CPU meanwhile (None: once). Returns the last result, its meter and how
-    many times it was run again; `on_rerun(share)` is told before each rerun."""
+    """Run `fn`, again (at most `reruns` more times) while others (processes, steal) took more
+    than `max_others` of the CPU meanwhile (None: once). Returns the last result, its meter and
+    how many times it was run again; `on_rerun(share)` is told before each rerun."""
     for attempt in range(max(0, reruns) + 1):
         with meter() as m:
             result = fn()

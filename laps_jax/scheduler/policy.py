@@ -100,6 +100,8 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"max_wait_s must be > 0, got {cfg.max_wait_s}")
     if cfg.long_chunk_ratio is not None and not cfg.long_chunk_ratio > 0:
         raise ValueError(f"long_chunk_ratio must be > 0, got {cfg.long_chunk_ratio}")
+    if not cfg.fill_slack >= 0:
+        raise ValueError(f"fill_slack must be >= 0, got {cfg.fill_slack}")
 
 
 def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:

@@ -14,6 +14,7 @@ import dataclasses
 
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig, check
 
+
 def flag(value: str) -> bool:
     """'1'/'true'/'on'/'yes' or '0'/'false'/'off'/'no'."""
     v = value.lower()
