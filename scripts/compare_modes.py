@@ -137,18 +137,10 @@ def parse(argv):
     if args.busy_reruns < 0:
         ap.error("--busy-reruns must be >= 0")
     if args.http:  # these steer the in-process dispatcher; serve.py does not take them
-        bad = [flag for flag, on in (("--repeats", args.repeats != 1),
-                                     ("--long-budget", args.long_budget is not None),
-                                     ("--decode-gap", args.decode_gap is not None),
-                                     ("--aging", args.aging is not None),
-                                     ("--max-wait", args.max_wait is not None),
-                                     ("--variant", bool(args.variant)),
-                                     ("--cross-pool", args.cross_pool != "short-first"),
-                                     ("--window", args.window != "adaptive"),
-                                     ("--no-buckets", args.no_buckets),
-                                     ("--simulate", args.simulate),
-                                     ("--busy-reruns", args.busy_reruns != 2),
-                                     ("--max-others-cpu", args.max_others_cpu != 0.1)) if on]
+        steer = ("repeats", "long_budget", "decode_gap", "aging", "max_wait", "variant",
+                 "cross_pool", "window", "no_buckets", "simulate", "busy_reruns",
+                 "max_others_cpu")
+        bad = ["--" + n.replace("_", "-") for n in steer if getattr(args, n) != ap.get_default(n)]
         if bad:
             ap.error(f"{', '.join(bad)} cannot be combined with --http")
     try:

@@ -40,13 +40,14 @@ def run_unbusy(fn: Callable[[], T], max_others: float | None, reruns: int,
     """Run `fn`, again (at most `reruns` more times) while others (processes, steal) took more
     than `max_others` of the CPU meanwhile (None: once). Returns the last result, its meter and
     how many times it was run again; `on_rerun(share)` is told before each rerun."""
-    for attempt in range(max(0, reruns) + 1):
+    attempt, last = 0, max(0, reruns)
+    while True:
         with meter() as m:
             result = fn()
-        if max_others is None or m.others <= max_others or attempt == max(0, reruns):
+        if max_others is None or m.others <= max_others or attempt == last:
             return result, m, attempt
         on_rerun(m.others)
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 def _busy_jiffies() -> tuple[float, float]:
