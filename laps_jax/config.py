@@ -12,6 +12,85 @@ class ConfigError(ValueError):
     """A model directory or config.json that laps_jax cannot use."""
 
 
+ROPE_KINDS = ("default", "linear", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """A config.json's RoPE context extension (models/rope.py applies it); field names and
+    defaults as transformers reads them."""
+
+    kind: str                                 # "linear" or "yarn"
+    factor: float                             # positions stretched this many times
+    original_max_positions: int | None = None  # yarn: the pre-training context
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None     # yarn: None = derived from the factor
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> "RopeScaling | None":
+        """From `rope_scaling` (Qwen2.5 model cards, transformers 4) or `rope_parameters`
+        (transformers 5); None for plain RoPE. Anything laps_jax would compute differently
+        from transformers is refused, naming the field."""
+        scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+        p = scaling if isinstance(scaling, dict) and scaling else params or {}
+        if not isinstance(p, dict) or any(isinstance(v, dict) for v in p.values()):
+            raise ConfigError("config.json: rope_scaling / rope_parameters must be one object "
+                              "(per-layer RoPE settings are not supported)")
+        kind = p.get("rope_type") or p.get("type") or "default"
+        if kind not in ROPE_KINDS:
+            raise ConfigError(f"config.json: RoPE type {kind!r} is not supported (laps_jax "
+                              f"implements {', '.join(ROPE_KINDS)})")
+        partial = p.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0):
+            raise ConfigError(f"config.json: partial_rotary_factor={partial} is not supported "
+                              "(Qwen2 rotates the whole head)")
+        if kind == "default":
+            return None
+        factor = p.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise ConfigError(f"config.json: RoPE {kind} needs a positive 'factor', got {factor!r}")
+        if kind == "linear":
+            return cls("linear", float(factor))
+        original = p.get("original_max_position_embeddings",
+                         cfg.get("original_max_position_embeddings",
+                                 cfg.get("max_position_embeddings", 32768)))
+        opt = lambda name: None if p.get(name) is None else float(p[name])
+        return cls("yarn", float(factor), int(original),
+                   float(p.get("beta_fast") or 32.0), float(p.get("beta_slow") or 1.0),
+                   opt("attention_factor"), opt("mscale"), opt("mscale_all_dim"),
+                   bool(p.get("truncate", True)))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = {"rope_type": self.kind, "factor": self.factor}
+        if self.kind == "yarn":
+            d.update(original_max_position_embeddings=self.original_max_positions,
+                     beta_fast=self.beta_fast, beta_slow=self.beta_slow,
+                     attention_factor=self.attention_factor, mscale=self.mscale,
+                     mscale_all_dim=self.mscale_all_dim, truncate=self.truncate)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def _check_supported(cfg: dict[str, Any], num_layers: int) -> None:
+    """Qwen2 options that would change the math: refused rather than silently ignored."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"config.json: hidden_act {act!r} is not supported (Qwen2 uses silu)")
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") and window and window < cfg.get(
+            "max_position_embeddings", 32768):
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
+            for i in range(num_layers)]
+        if "sliding_attention" in types:
+            raise ConfigError(f"config.json: sliding-window attention (use_sliding_window, "
+                              f"window {window}) is not supported; laps_jax attends to the "
+                              "whole context in every layer")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -26,6 +105,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     name: str = "custom"
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -70,6 +150,7 @@ class ModelConfig:
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
+            _check_supported(cfg, int(cfg["num_hidden_layers"]))
             theta = cfg.get("rope_theta")
             if theta is None:
                 theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
@@ -86,6 +167,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
                 name=name,
+                rope_scaling=RopeScaling.from_hf_dict(cfg),
             )
         except KeyError as e:
             raise ConfigError(f"config.json is missing required field {e.args[0]!r}") from None
@@ -111,6 +193,9 @@ class ModelConfig:
             "head_dim": self.head_dim, "rope_theta": self.rope_theta,
             "rms_norm_eps": self.rms_norm_eps, "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings, "hidden_act": "silu",
+            **({"rope_parameters": {"rope_theta": self.rope_theta,
+                                    **self.rope_scaling.to_hf_dict()}}
+               if self.rope_scaling else {}),
         }
 
 

@@ -31,6 +31,11 @@ CHECKPOINTS = {
     # 7 query heads on one kv head (Qwen2.5-0.5B and -7B group 7 query heads per kv head)
     "gqa7_one_kv": dict(hidden_size=112, num_heads=7, num_kv_heads=1, intermediate_size=160,
                         rope_theta=1e6, seed=5),
+    # YaRN as the Qwen2.5 model cards enable it, scaled down: prompts run past the "original"
+    # 64-token context, and the attention factor (1.14) scales every score
+    "yarn_gqa2": dict(num_heads=4, num_kv_heads=2, rope_theta=10000.0, seed=6,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": 64}),
 }
 
 

@@ -173,13 +173,15 @@ def make_tiny_qwen2_checkpoint(
     tokenizer_vocab_size: int = DEFAULT_TOKENIZER_VOCAB,
     chat_template_in: str | None = "tokenizer_config",
     weight_std: float = 0.1,
+    rope_scaling: dict | None = None,
 ) -> Path:
     """Save a random ``transformers.Qwen2ForCausalLM`` with our tokenizer files into ``path``; returns ``path``.
 
     ``vocab_size`` defaults to the tokenizer's size (base + 3 special tokens); pass a larger one to mimic
     Qwen's padded embedding tables. ``dtype`` "bfloat16" stores BF16 safetensors. ``shard=True`` writes
     several shards and ``model.safetensors.index.json``. ``chat_template_in``: "tokenizer_config",
-    "jinja" (``chat_template.jinja``) or None (no template).
+    "jinja" (``chat_template.jinja``) or None (no template). ``rope_scaling``: extra RoPE parameters
+    (e.g. ``{"rope_type": "yarn", "factor": 4.0, ...}``), written into ``rope_parameters``.
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -205,7 +207,7 @@ def make_tiny_qwen2_checkpoint(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta), **(rope_scaling or {})},
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=eot,
         eos_token_id=im_end,

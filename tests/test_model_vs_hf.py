@@ -45,7 +45,7 @@ def run_prompt_logprobs(engine, ids, split: int | None = None):
 
 
 @pytest.mark.parametrize("name", ["gqa2_untied", "mha_tied", "gqa4_hd32", "sharded_bf16",
-                                  "gqa7_one_kv"])
+                                  "gqa7_one_kv", "yarn_gqa2"])
 def test_prompt_logprobs_match_transformers(engine_for, name):
     engine, path = engine_for(name)
     model = load_hf_model(path)

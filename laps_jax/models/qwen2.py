@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from laps_jax.config import ModelConfig
+from laps_jax.models.rope import rope
 from laps_jax.pallas_kernels import paged_attention
 
 
@@ -106,18 +107,6 @@ def rms_norm(x, w, eps: float):
     return w * xf.astype(x.dtype)
 
 
-def rope(x, positions, theta: float):
-    """Rotary embedding, rotate-half layout (as Hugging Face Qwen2). x: [B, T, H, D]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-    cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
-    sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    rot = jnp.concatenate([-x2, x1], -1)
-    return (x.astype(jnp.float32) * cos + rot * sin).astype(x.dtype)
-
-
 def kv_slots(batch: Batch, page_size: int):
     """(page, offset) where each new token's K/V goes; padding tokens go to trash page 0."""
     B, T = batch.tokens.shape
@@ -160,7 +149,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, k_cache, v_cache, batch: Batc
         q = (h @ a["q_w"] + a["q_b"]).reshape(B, T, cfg.num_heads, cfg.head_dim)
         k = (h @ a["k_w"] + a["k_b"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
         v = (h @ a["v_w"] + a["v_b"]).reshape(B, T, cfg.num_kv_heads, cfg.head_dim)
-        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         kc = write_kv(kc, li, pages, offs, k)
         vc = write_kv(vc, li, pages, offs, v)
         o = paged_attention(q, kc, vc, li, batch.q_lens, batch.cached_lens, batch.page_table,
