@@ -518,6 +518,15 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     assert no_window["mixed"] == same["mixed"]
     with pytest.raises(ValueError, match="window mode"):  # the setting reaches laps' window
         same_speed(ValidationOptions(str(tmp_path), round=1), {"window_mode": "bogus"})
+    # a run kept gzipped (how docs/data keeps runs) validates the same
+    import gzip
+    first = validate(ValidationOptions(str(tmp_path), calibrate=True, round=1))
+    plain = tmp_path / "requests.jsonl"
+    with gzip.open(f"{plain}.gz", "wt") as f:
+        f.write(plain.read_text())
+    plain.unlink()
+    assert validate(ValidationOptions(str(tmp_path), calibrate=True, round=1))["rows"] == \
+        first["rows"]
 
 
 def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):

@@ -9,6 +9,7 @@ median against the even rounds'.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -32,9 +33,13 @@ def by_pool(rows: list[dict]) -> dict:
 
 
 def real_requests(run_dir: str, rnd: int = 1) -> dict[str, list[dict]]:
-    """One round's requests per mode (runs recorded before rounds were kept: round 1 only)."""
+    """One round's requests per mode (runs recorded before rounds were kept: round 1 only).
+    Reads `requests.jsonl`, or `requests.jsonl.gz` (how docs/data keeps runs)."""
     real: dict[str, list[dict]] = {}
-    with open(os.path.join(run_dir, "requests.jsonl")) as f:
+    path = os.path.join(run_dir, "requests.jsonl")
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             r = json.loads(line)
             if r.get("round", 1) == rnd:
