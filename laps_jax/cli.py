@@ -33,7 +33,8 @@ def add_engine_args(ap: argparse.ArgumentParser, default_model: str | None = DEF
                         "depth); unroll: one weight set per layer, faster on the CPU where the "
                         "scan copies each layer's weights (default: unroll on CPU, scan on GPU)")
     g.add_argument("--max-model-len", type=int, default=e.max_model_len,
-                   help=f"longest prompt + output in tokens (default {e.max_model_len})")
+                   help=f"longest prompt + output in tokens (default {e.max_model_len}; capped at "
+                        "the model's context, a RoPE extension such as YaRN included)")
     g.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
                    help=f"KV page pool capacity in tokens (default {e.kv_cache_tokens})")
     g.add_argument("--page-size", type=int, default=e.page_size,

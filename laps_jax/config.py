@@ -118,6 +118,17 @@ class ModelConfig:
                 raise ConfigError(f"{field} must be positive, got {getattr(self, field)}")
 
     @property
+    def max_context(self) -> int:
+        """The longest sequence served: max_position_embeddings, or what a RoPE extension
+        stretches the pre-training context to (Qwen2.5 with YaRN x4: 32768 -> 131072, the
+        model cards' figure; their config.json keeps max_position_embeddings at 32768)."""
+        sc = self.rope_scaling
+        if sc is None:
+            return self.max_position_embeddings
+        return max(self.max_position_embeddings,
+                   int((sc.original_max_positions or self.max_position_embeddings) * sc.factor))
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 

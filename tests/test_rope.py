@@ -90,3 +90,29 @@ def test_harmless_sliding_window_settings_are_accepted():
                   {"use_sliding_window": True, "sliding_window": 32768, "max_window_layers": 0},
                   {"use_sliding_window": True, "sliding_window": 128, "max_window_layers": 2}):
         assert ModelConfig.from_hf_dict({**BASE, **extra}).num_layers == 2
+
+
+def test_rope_extension_sets_the_context_served():
+    """The Qwen2.5 cards keep max_position_embeddings 32768 beside YaRN x4 and state 131072
+    tokens; linear scaling stretches the configured context itself."""
+    card = {**BASE, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                     "original_max_position_embeddings": 32768}}
+    assert ModelConfig.from_hf_dict(card).max_context == 131072
+    linear = {**BASE, "max_position_embeddings": 4096,
+              "rope_scaling": {"type": "linear", "factor": 2.5}}
+    assert ModelConfig.from_hf_dict(linear).max_context == 10240
+    assert ModelConfig.from_hf_dict(BASE).max_context == 32768
+
+
+def test_engine_serves_the_extended_context_and_caps_past_it(caplog):
+    from laps_jax.config import EngineConfig
+    from laps_jax.engine.engine import Engine
+    from laps_jax.models.qwen2 import init_params
+    cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=1024,
+                              rope_scaling=RopeScaling("linear", 2.0))
+    params = init_params(cfg)
+    small = dict(kv_cache_tokens=1024, max_chunk=64, max_prefill_batch=1, max_decode_batch=1)
+    assert Engine(cfg, params, EngineConfig(max_model_len=1500, **small)).ecfg.max_model_len == 1500
+    with caplog.at_level("WARNING"):
+        eng = Engine(cfg, params, EngineConfig(max_model_len=5000, **small))
+    assert eng.ecfg.max_model_len == 2048 and "using 2048" in caplog.text

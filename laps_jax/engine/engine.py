@@ -7,6 +7,7 @@ offline job, tests and benchmarks.
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Iterable, Sequence as Seq
 
@@ -20,6 +21,8 @@ from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
 from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
 from laps_jax.models.qwen2 import default_layer_loop
 from laps_jax.pallas_kernels import default_backend
+
+log = logging.getLogger(__name__)
 
 
 class PagedSequences:
@@ -52,8 +55,10 @@ class Engine(PagedSequences):
                  eos_token_ids: Iterable[int] = ()):
         self.cfg = cfg
         self.ecfg = ecfg = ecfg or EngineConfig()
-        if ecfg.max_model_len > cfg.max_position_embeddings:
-            ecfg.max_model_len = cfg.max_position_embeddings
+        if ecfg.max_model_len > cfg.max_context:
+            log.warning("max_model_len %d is over the model's context; using %d",
+                        ecfg.max_model_len, cfg.max_context)
+            ecfg.max_model_len = cfg.max_context
         self.grid = BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
                                        ecfg.max_decode_batch, ecfg.min_chunk,
                                        ecfg.max_batch_tokens)

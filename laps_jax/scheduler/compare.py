@@ -217,7 +217,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         model_cfg, _ = resolve_model(o.model)
         engine = long_engine = None
         model, speed = LatencyModel.load(o.profile, model_cfg), None
-        max_len = min(o.ecfg.max_model_len, model_cfg.max_position_embeddings)
+        max_len = min(o.ecfg.max_model_len, model_cfg.max_context)
         vocab = model_cfg.vocab_size
     else:
         engine, long_engine, loaded = _engines(o, log)

@@ -132,7 +132,7 @@ def run_spec(args, inst: InstanceSpec) -> RunSpec:
 
 def workload_sources(args, src: hardware.ModelSource) -> dict[str, WorkloadSource]:
     common = {"length_scale": args.length_scale,
-              "max_len": min(args.max_model_len, src.cfg.max_position_embeddings),
+              "max_len": min(args.max_model_len, src.cfg.max_context),
               "seed": args.seed}
     paths = {"azure": os.path.join(args.trace_dir, "azure_llm_2023_conv.csv"),
              "mooncake": os.path.join(args.trace_dir, "mooncake_conversation_trace.jsonl"),

@@ -99,7 +99,7 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
     o = _options(run)
     cfg = PRESETS[run["model"]]
     ecfg = o.ecfg
-    max_len = min(ecfg.max_model_len, cfg.max_position_embeddings)
+    max_len = min(ecfg.max_model_len, cfg.max_context)
     grid = FastGrid.of(BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
                                           ecfg.max_decode_batch, ecfg.min_chunk,
                                           ecfg.max_batch_tokens))
