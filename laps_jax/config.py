@@ -30,13 +30,23 @@ class RopeScaling:
     mscale_all_dim: float | None = None
     truncate: bool = True
 
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_KINDS[1:] or not self.factor > 0:
+            raise ConfigError(f"RoPE scaling needs a kind in {ROPE_KINDS[1:]} and a positive "
+                              f"factor, got {self.kind!r} x {self.factor}")
+        if self.kind == "yarn" and not (self.original_max_positions or 0) > 0:
+            raise ConfigError("RoPE yarn needs original_max_position_embeddings > 0")
+
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "RopeScaling | None":
         """From `rope_scaling` (Qwen2.5 model cards, transformers 4) or `rope_parameters`
         (transformers 5); None for plain RoPE. Anything laps_jax would compute differently
         from transformers is refused, naming the field."""
         scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
-        p = scaling if isinstance(scaling, dict) and scaling else params or {}
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ConfigError(f"config.json: rope_scaling must be an object or null, got "
+                              f"{type(scaling).__name__}")
+        p = scaling or params or {}
         if not isinstance(p, dict) or any(isinstance(v, dict) for v in p.values()):
             raise ConfigError("config.json: rope_scaling / rope_parameters must be one object "
                               "(per-layer RoPE settings are not supported)")
