@@ -24,11 +24,10 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def _yarn(sc: RopeScaling, dim: int, base: float):
-    factor = sc.factor
     attention = sc.attention_factor
     if attention is None:
-        attention = (_yarn_mscale(factor, sc.mscale) / _yarn_mscale(factor, sc.mscale_all_dim)
-                     if sc.mscale and sc.mscale_all_dim else _yarn_mscale(factor))
+        attention = (_yarn_mscale(sc.factor, sc.mscale) / _yarn_mscale(sc.factor, sc.mscale_all_dim)
+                     if sc.mscale and sc.mscale_all_dim else _yarn_mscale(sc.factor))
 
     def correction_dim(rotations: float) -> float:  # the dimension that turns this many times
         return (dim * math.log(sc.original_max_positions / (rotations * 2 * math.pi))
@@ -43,7 +42,7 @@ def _yarn(sc: RopeScaling, dim: int, base: float):
     ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
     pos_freqs = base ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
     keep = 1 - ramp  # share of the original (extrapolated) frequency, high-frequency dims
-    inv_freq = 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+    inv_freq = 1.0 / (sc.factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
     return inv_freq, attention
 
 
