@@ -405,6 +405,43 @@ def test_decode_gap_is_one_full_budget_step_whatever_the_long_chunk():
         derive(SchedulerConfig(long_chunk_ratio=0.0), GRID, MODEL)
 
 
+def test_long_pool_takes_full_budget_steps_only_while_behind():
+    """With more requests waiting than the overload mark the long pool packs under the
+    overload budget (fewer, more efficient steps once the device is behind); at or under it,
+    small chunks -- whatever the tokens: one huge prompt is not a queue."""
+    pool = LongPool(GRID, 128, 0.0, 100.0, "srpt", overload=(2, 512))
+    a, b, c = req(3000), req(300), req(400)
+    for r in (a, b):
+        pool.add(r, 0.0)
+    plan = pool.plan(0.0)
+    assert [n for _, n in plan.work] == [128] and not plan.overload
+    pool.add(c, 0.0)  # three waiting > 2
+    plan = pool.plan(0.0)
+    assert plan.overload and sum(n for _, n in plan.work) > 128
+    assert plan.bucket.batch * plan.bucket.tokens <= 512
+    pool.dispatched(0.0, plan.forced, plan.overload)
+    pool.remove(b)  # back to two
+    plan = pool.plan(0.1)
+    assert not plan.overload and sum(n for _, n in plan.work) <= 128
+    assert pool.overload_steps == 1
+    off = LongPool(GRID, 128, 0.0, 100.0, "srpt")  # no overload mark: always the long budget
+    for n in (2000, 300, 400, 500):
+        off.add(req(n), 0.0)
+    assert not off.plan(0.0).overload and sum(n for _, n in off.plan(0.0).work) <= 128
+
+
+def test_overload_mark_applies_only_below_the_full_budget():
+    from laps_jax.scheduler.policy import derive
+    d = derive(SchedulerConfig(long_budget_tokens=128, overload_requests=3), GRID, MODEL)
+    assert d.long_budget == 128 and d.overload_requests == 3
+    assert derive(SchedulerConfig(long_budget_tokens=128, overload_requests=None), GRID,
+                  MODEL).overload_requests is None
+    # chunks already at the full budget: nothing to switch to
+    assert derive(SchedulerConfig(long_chunk_ratio=None), GRID, MODEL).overload_requests is None
+    with pytest.raises(ValueError, match="overload_requests"):
+        derive(SchedulerConfig(overload_requests=-1), GRID, MODEL)
+
+
 def test_laps_spatial_long_group_keeps_full_chunks():
     """The ratio sizes laps' long chunks so short work is not held up; in laps-spatial the long
     group runs no short work, so its chunks stay the full budget."""

@@ -138,6 +138,7 @@ class Lane:
         info = await self.executor.prefill([(r.seq, n) for r, n in plan.work])
         self.counters.record(info, plan.pool)
         self.counters.filled_long_tokens += plan.filled_tokens
+        self.counters.overload_long_steps += plan.overload
         now = self.clock.now()
         self.inflight = set()
         for r, _ in plan.work:

@@ -43,6 +43,9 @@ class SchedulerConfig:
     long_budget_tokens: int | None = None  # laps long-pool chunk budget (None: long_chunk_ratio)
     long_chunk_ratio: float | None = 5.0  # laps: the widest chunk predicted to take at most this
                                           # many cheapest prefill steps (None: budget_tokens)
+    overload_requests: int | None = 4     # laps: while more than this many long requests
+                                          # wait, long steps take the full budget (the device
+                                          # is behind: efficiency first; None: never)
     max_postpone_s: float | None = None   # starvation bound of the long pool
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
     aging_fraction: float = 0.25          # default aging: this share of a long chunk's tokens/s
@@ -82,6 +85,8 @@ class Derived:
     max_wait_s: float = 2.0
     fill_rows: bool = False
     fill_slack: float | None = None  # None: no latency model, never grow
+    overload_requests: int | None = None  # long requests waiting past which long steps
+                                          # take `budget` (None: never)
 
 
 def _given(value: float | None, default: float) -> float:
@@ -100,6 +105,8 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"max_wait_s must be > 0, got {cfg.max_wait_s}")
     if cfg.long_chunk_ratio is not None and not cfg.long_chunk_ratio > 0:
         raise ValueError(f"long_chunk_ratio must be > 0, got {cfg.long_chunk_ratio}")
+    if cfg.overload_requests is not None and not cfg.overload_requests >= 0:
+        raise ValueError(f"overload_requests must be >= 0, got {cfg.overload_requests}")
     if not cfg.fill_slack >= 0:
         raise ValueError(f"fill_slack must be >= 0, got {cfg.fill_slack}")
 
@@ -108,13 +115,15 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     check(cfg)
     budget = cfg.budget_tokens or grid.max_batch_tokens
     window = dataclasses.replace(cfg.window)
+    overload = lambda long_budget: None if long_budget >= budget else cfg.overload_requests
     if model is None:
         long_budget = cfg.long_budget_tokens or budget
         fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
         return Derived(lambda c: fixed, budget, long_budget, _given(cfg.max_postpone_s, 1.0),
                        _given(cfg.aging_tokens_per_s, 2000.0), lambda w, b: 0.0, window,
                        cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0,
-                       max_wait_s=_given(cfg.max_wait_s, 2.0), fill_rows=cfg.fill_rows)
+                       max_wait_s=_given(cfg.max_wait_s, 2.0), fill_rows=cfg.fill_rows,
+                       overload_requests=overload(long_budget))
 
     step = lambda n: model.predict(StepShape.exact((min(n, grid.max_chunk),)))
     long_budget = cfg.long_budget_tokens or long_chunk(grid, budget, step, cfg.long_chunk_ratio)
@@ -149,7 +158,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
                    cfg.cross_pool, cfg.order, service, gap,
                    max_wait_s=_given(cfg.max_wait_s, 16.0 * full), fill_rows=cfg.fill_rows,
-                   fill_slack=cfg.fill_slack)
+                   fill_slack=cfg.fill_slack, overload_requests=overload(long_budget))
 
 
 def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
@@ -160,7 +169,12 @@ def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
     prefill; so the chunk is sized by the cheapest step, not by throughput alone. Past the
     compute-bound point a chunk's cost per token barely depends on its size, so this costs
     little: Qwen2.5-32B on an H200 (roofline) gets 512 of a 2048 budget, bench-cpu on this
-    2-core CPU 256 of 512."""
+    2-core CPU 256 of 512. Near saturation the small chunks' extra steps cost more than their
+    shorter stalls save (bench-cpu: ~5% more device time for the same tokens), so while more
+    than `overload_requests` long requests wait the pool takes full-budget steps. A queue of
+    requests, not of tokens: one huge prompt is not an overload (on the sessions trace a
+    token mark made short requests miss their SLO at light load; docs/BENCHMARKS_SCHEDULER.md,
+    session 11)."""
     if ratio is None:
         return budget
     widths = [t for t in grid.prefill_tokens if t <= budget] or [budget]
@@ -199,7 +213,7 @@ class LapsPlanner:
         self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict, d.order,
                                d.service, d.max_wait_s)
         self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service,
-                             d.max_wait_s)
+                             d.max_wait_s, overload=(d.overload_requests, d.budget))
         self.cross_pool, self.fill_rows, self.fill_slack = d.cross_pool, d.fill_rows, d.fill_slack
 
     def add(self, r: Request, now: float) -> None:
@@ -255,7 +269,7 @@ class LapsPlanner:
     def dispatched(self, plan: PrefillPlan, now: float) -> None:
         """The lane runs `plan` now: a long step resets the postponement clock."""
         if plan.pool == LONG:
-            self.long.dispatched(now, plan.forced)
+            self.long.dispatched(now, plan.forced, plan.overload)
         elif plan.pool == SHORT:
             self.window.record(plan.waited)
             self.short.dispatched()

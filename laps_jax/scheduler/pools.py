@@ -7,8 +7,9 @@ batch mostly padding. The pools only decide order:
 
 - `FCFSQueue` (mixed baseline): arrival order, chunked, strict (nobody overtakes).
 - `ShortPool`: remaining tokens with aging, whole requests, behind a waiting window.
-- `LongPool`: remaining tokens with aging, chunked under the long budget; a starved request
-  (not served for `max_postpone_s`) goes first.
+- `LongPool`: remaining tokens with aging, chunked under the long budget (a larger one while
+  more requests wait than the overload mark); a starved request (not served for
+  `max_postpone_s`) goes first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class PrefillPlan:
     waited: float = 0.0  # how long the window held this batch back (device free meanwhile)
     forced: bool = False  # a long step forced by the starvation bound
     filled_tokens: int = 0  # long-chunk tokens riding in a short batch's empty bucket rows
+    overload: bool = False  # a long step under the overload budget (the long pool is behind)
 
 
 @dataclasses.dataclass
@@ -195,17 +197,29 @@ class ShortPool(_Pool):
 
 class LongPool(_Pool):
     """Long requests; the pool as a whole may be postponed (in favour of short work) at most
-    `max_postpone_s` since its last step, and a forced step serves its longest-waiting member."""
+    `max_postpone_s` since its last step, and a forced step serves its longest-waiting member.
+    `overload` = (requests, budget): while more requests than that wait, steps are packed
+    under that larger budget (fewer, more efficient steps once the device is behind)."""
 
     name = LONG
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
                  max_postpone_s: float, order: str = "aging",
-                 service: Callable[[int], float] | None = None, max_wait_s: float = 2.0):
+                 service: Callable[[int], float] | None = None, max_wait_s: float = 2.0,
+                 overload: tuple[int | None, int] = (None, 0)):
         super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
         self.max_postpone_s = max_postpone_s
         self.last_step: float | None = None  # when the pool last got a step
         self.forced_steps = 0
+        self.overload_requests, self.overload_budget = overload
+        self.overload_steps = 0
+
+    def step_budget(self) -> int:
+        """The token budget of the next step: the long budget, or the overload budget while
+        more requests wait than the overload mark."""
+        if self.overload_requests is not None and len(self.reqs) > self.overload_requests:
+            return self.overload_budget
+        return self.budget
 
     def add(self, r: Request, now: float) -> None:
         if not self.reqs:
@@ -221,9 +235,10 @@ class LongPool(_Pool):
             return None
         return min(self.reqs, key=lambda r: r.last_served)
 
-    def dispatched(self, now: float, forced: bool) -> None:
+    def dispatched(self, now: float, forced: bool, overload: bool = False) -> None:
         self.last_step = now
         self.forced_steps += forced
+        self.overload_steps += overload
 
     def plan(self, now: float, first: Request | None = None) -> PrefillPlan | None:
         if not self.reqs:
@@ -232,8 +247,10 @@ class LongPool(_Pool):
         if first is not None:
             order.remove(first)
             order.insert(0, first)
-        work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=False)
+        budget = self.step_budget()
+        work, bucket, _ = pack(order, self.grid, budget, chunk=True, strict=False)
         plan = PrefillPlan(work, self.name, bucket) if work else None
         if plan is not None:
             plan.forced = first is not None
+            plan.overload = budget != self.budget
         return plan

@@ -25,12 +25,17 @@ def flag(value: str) -> bool:
     raise ValueError(value)
 
 
+def count_or_off(value: str) -> int | None:
+    """A whole number, or 'off'/'none' for a setting that None turns off."""
+    return None if value.lower() in ("off", "none") else int(value)
+
+
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;
 # `window_mode` is the short pool's waiting window (adaptive, static, off).
 SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
-            "fill_rows": flag, "fill_slack": float}
+            "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off}
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")

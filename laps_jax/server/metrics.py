@@ -64,22 +64,27 @@ class _Live:
                             ("host", c.host_seconds)):
                 seconds.add_metric([lane.name, kind], v)
         yield seconds
-        moved = CounterMetricFamily("laps_kv_handoffs", "Requests whose K/V moved into this lane "
-                                    "to decode (laps-spatial)", labels=["lane"])
-        for lane in m.lanes:
-            moved.add_metric([lane.name], lane.counters.handoffs_in)
-        yield moved
-        filled = CounterMetricFamily("laps_filled_long_tokens", "Long-prompt tokens prefilled in "
-                                     "the empty bucket rows of short batches (laps)",
-                                     labels=["lane"])
-        for lane in m.lanes:
-            filled.add_metric([lane.name], lane.counters.filled_long_tokens)
-        yield filled
+        for name, text, attr in LANE_COUNTERS:
+            fam = CounterMetricFamily(name, text, labels=["lane"])
+            for lane in m.lanes:
+                fam.add_metric([lane.name], getattr(lane.counters, attr))
+            yield fam
         waits = CounterMetricFamily("laps_window_waits", "Short-pool waiting-window waits",
                                     labels=["lane"])
         for lane in m.lanes:
             waits.add_metric([lane.name], lane.window_waits)
         yield waits
+
+
+# per-lane counters: (metric name, help, LaneCounters attribute)
+LANE_COUNTERS = (
+    ("laps_kv_handoffs", "Requests whose K/V moved into this lane to decode (laps-spatial)",
+     "handoffs_in"),
+    ("laps_filled_long_tokens", "Long-prompt tokens prefilled in the empty bucket rows of short "
+     "batches (laps)", "filled_long_tokens"),
+    ("laps_overload_long_steps", "Long-pool steps run under the full token budget because more "
+     "long requests waited than the overload mark (laps)", "overload_long_steps"),
+)
 
 
 class ServerMetrics:
