@@ -132,6 +132,12 @@ def parse(argv):
     v.add_argument("--spatial-overlap", type=float, default=0.0,
                    help="laps-spatial lanes on the shared CPU: extra throughput, 0..1 (0)")
     v.add_argument("--tolerance", type=float, default=0.20, help="allowed relative error (0.20)")
+    v.add_argument("--sensitivity", type=float, default=0.0, metavar="D",
+                   help="also simulate every step D times slower and faster (e.g. 0.03) and "
+                        "show each cell's gain: its relative change per relative change of step "
+                        "time. Near saturation gains grow past 5: a 20%% test then asks for step "
+                        "times known within 4%%, finer than this machine's drift between rounds "
+                        "(2 more simulations per mode)")
     v.add_argument("--repeat", default=None,
                    help="a second compare_modes run with the same settings: also show real vs "
                         "real (the machine's noise floor)")

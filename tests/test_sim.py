@@ -431,11 +431,18 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     ("x=laps:max_wait_s=0", "'x': max_wait_s must be > 0"),         # not for the scheduler
     ("x=laps:fill_rows=maybe", "fill_rows wants a flag"),
     ("x=laps:fill_slack=-0.1", ">= 0"),
+    ("x=laps:overload_requests=2.5", "overload_requests wants a count_or_off"),
 ])
 def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
     from laps_jax.scheduler.variants import parse_variant
     with pytest.raises(ValueError, match=match):
         parse_variant(text)
+
+
+def test_a_variant_turns_the_overload_mark_off_or_moves_it():
+    from laps_jax.scheduler.variants import parse_variant
+    assert parse_variant("a=laps:overload_requests=off").settings == {"overload_requests": None}
+    assert parse_variant("b=laps:overload_requests=8").settings == {"overload_requests": 8}
 
 
 def test_capacity_is_measured_over_several_bursts():
@@ -518,15 +525,42 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     assert no_window["mixed"] == same["mixed"]
     with pytest.raises(ValueError, match="window mode"):  # the setting reaches laps' window
         same_speed(ValidationOptions(str(tmp_path), round=1), {"window_mode": "bogus"})
+    # the sensitivity leaves the prediction alone and gives each cell a gain; the tail of
+    # all requests queues, so it grows at least in proportion with the step time (a small
+    # pool's p50 may not move: windows and arrival gaps do not scale)
+    first = validate(ValidationOptions(str(tmp_path), calibrate=True, round=1))
+    sens = validate(ValidationOptions(str(tmp_path), calibrate=True, round=1, sensitivity=0.05))
+    assert [r["sim_p50_ms"] for r in sens["rows"]] == [r["sim_p50_ms"] for r in first["rows"]]
+    assert all(r["gain_p50"] is not None for r in sens["rows"] if r["n_real"] >= 5)
+    assert all(r["gain_p90"] > 1.0 for r in sens["rows"] if r["pool"] == "all")
     # a run kept gzipped (how docs/data keeps runs) validates the same
     import gzip
-    first = validate(ValidationOptions(str(tmp_path), calibrate=True, round=1))
     plain = tmp_path / "requests.jsonl"
     with gzip.open(f"{plain}.gz", "wt") as f:
         f.write(plain.read_text())
     plain.unlink()
     assert validate(ValidationOptions(str(tmp_path), calibrate=True, round=1))["rows"] == \
         first["rows"]
+
+
+def test_cell_gain_is_the_relative_change_per_relative_step_change():
+    from laps_jax.sim.cells import markdown, over_rounds
+    from laps_jax.sim.validate import cell_gains
+    row = lambda pool, sim: {"mode": "laps", "pool": pool, "n_real": 9, "real_p50_ms": 100.0,
+                             "sim_p50_ms": sim, "err_p50": sim / 100 - 1, "real_p90_ms": 200.0,
+                             "sim_p90_ms": 2 * sim, "err_p90": sim / 100 - 1}
+    rows = [row("all", 100.0), row("short", 50.0)]
+    # steps 10% slower / faster: "all" moves 90 -> 130 (gain 2), "short" not at all
+    lo = {"all": {"p50": 90.0, "p90": 190.0}, "short": {"p50": 50.0, "p90": 100.0}}
+    hi = {"all": {"p50": 130.0, "p90": 190.0}, "short": {"p50": 50.0, "p90": 100.0}}
+    cell_gains(rows, 0.1, [lo, hi])
+    assert rows[0]["gain_p50"] == pytest.approx(2.0) and rows[0]["gain_p90"] == 0.0
+    assert rows[1]["gain_p50"] == 0.0
+    result = {"rows": rows, "options": {"min_samples": 5, "tolerance": 0.2}}
+    faster = {"rows": [dict(rows[0], gain_p50=4.0), rows[1]], "options": result["options"]}
+    med = over_rounds([result, faster])
+    assert med["rows"][0]["gain_p50"] == pytest.approx(3.0)  # median of 2 and 4
+    assert "| 3.0 |" in markdown(med) and "gain p50" in markdown(med)
 
 
 def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):

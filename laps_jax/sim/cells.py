@@ -4,7 +4,9 @@ verdicts and the noise floors the simulator's validation is judged by.
 A cell is within tolerance when |predicted - real| / real <= tolerance; pools with fewer than
 `min_samples` requests are shown, not judged. Besides one round against its prediction, two
 noise floors: a real round against the next one, and for a --repeats run the odd rounds'
-median against the even rounds'.
+median against the even rounds'. With a sensitivity, a third gauge: each cell's gain (its
+relative change per relative change of every step time), which says how exactly the step
+times must be known for the cell to pass at all.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _cells(results: list[dict], side: str) -> dict[tuple, list[float]]:
     for r in results:
         for row in r["rows"]:
             for q in ("p50", "p90"):
-                v = row[f"{side}_{q}_ms"]
+                v = row.get(f"{side}_{q}" if side == "gain" else f"{side}_{q}_ms")
                 if v is not None and row["n_real"] >= r["options"]["min_samples"]:
                     out.setdefault((row["mode"], row["pool"], q), []).append(v)
     return out
@@ -116,6 +118,12 @@ def over_rounds(results: list[dict], tolerance: float = 0.20) -> dict:
     of the odd rounds against that of the even rounds."""
     n = {(row["mode"], row["pool"]): row["n_real"] for row in results[0]["rows"]}
     rows = _median_rows(_cells(results, "real"), _cells(results, "sim"), n)
+    gains = _cells(results, "gain")
+    for row in rows:
+        for q in ("p50", "p90"):
+            g = gains.get((row["mode"], row["pool"], q))
+            if g:
+                row[f"gain_{q}"] = float(np.median(g))
     odd, even = results[0::2], results[1::2]
     floor = _median_rows(_cells(odd, "real"), _cells(even, "real"), n) if even else []
     opts = {"tolerance": tolerance, "min_samples": results[0]["options"]["min_samples"]}
@@ -128,12 +136,20 @@ def markdown(result: dict, names: tuple[str, str] = ("real", "sim")) -> str:
     f = lambda x: "-" if x is None else f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
     e = lambda x: "-" if x is None else f"{100 * x:+.0f}%"
     a, b = names
-    lines = [f"| mode | pool | n | {a} p50 ms | {b} p50 ms | err | {a} p90 ms | {b} p90 ms | err |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    gains = any("gain_p50" in r for r in result["rows"])
+    g = lambda x: "-" if x is None else f"{x:.1f}"
+    lines = [f"| mode | pool | n | {a} p50 ms | {b} p50 ms | err | {a} p90 ms | {b} p90 ms | err |"
+             + (" gain p50 | gain p90 |" if gains else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if gains else "")]
     for r in result["rows"]:
         lines.append(f"| {r['mode']} | {r['pool']} | {r['n_real']} | {f(r['real_p50_ms'])} | "
                      f"{f(r['sim_p50_ms'])} | {e(r['err_p50'])} | {f(r['real_p90_ms'])} | "
-                     f"{f(r['sim_p90_ms'])} | {e(r['err_p90'])} |")
+                     f"{f(r['sim_p90_ms'])} | {e(r['err_p90'])} |"
+                     + (f" {g(r.get('gain_p50'))} | {g(r.get('gain_p90'))} |" if gains else ""))
+    if gains:
+        lines.append("\ngain: the simulated cell's relative change per relative change of every "
+                     "step time; a cell of gain G passes only if the step times are known within "
+                     "tolerance / G.")
     lines.append(f"\n{result['cells_within_tolerance']}/{result['cells']} cells within "
                  f"{100 * result['options']['tolerance']:.0f}%; median |error| "
                  f"{100 * result['median_abs_error']:.0f}%, worst "

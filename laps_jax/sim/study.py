@@ -106,10 +106,13 @@ def write_report(rows: list[dict], meta: dict, out_dir: str, fig_dir: str | None
 
 
 def cmd_validate(args) -> int:
+    if not 0.0 <= args.sensitivity < 0.5:
+        raise ValueError(f"--sensitivity is a fraction in [0, 0.5), got {args.sensitivity}")
     vo = ValidationOptions(args.run_dir, args.profile_override, args.spatial_overlap,
                            args.host_overhead_ms * 1e-3, args.calibrate, args.fit_overlap,
                            args.tolerance, calibrate_by=args.calibrate_by,
-                           jitter=not args.no_jitter, round=args.round)
+                           jitter=not args.no_jitter, round=args.round,
+                           sensitivity=args.sensitivity)
     with open(os.path.join(args.run_dir, "comparison.json")) as f:
         kept = run_rounds(json.load(f))
     rounds = range(1, kept + 1) if args.all_rounds else [args.round]

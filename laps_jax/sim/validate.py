@@ -49,6 +49,8 @@ class ValidationOptions:
     calibration: Calibration | None = None  # set by the calibration (speed, jitter per kind)
     jitter: bool = True               # calibrate_by kind/bucket: the real run's step jitter too
     submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
+    sensitivity: float = 0.0          # > 0: also simulate every step this much slower and
+                                      # faster; each cell gets its gain (see `cell_gains`)
 
 
 def _options(run: dict) -> compare.CompareOptions:
@@ -125,7 +127,9 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
                                 max_wait_s=run.get("max_wait_s"),
                                 # runs recorded before session 9 ran without it
                                 fill_rows=run.get("fill_rows", False),
-                                fill_slack=run.get("fill_slack", 0.0))
+                                fill_slack=run.get("fill_slack", 0.0),
+                                # runs recorded before session 11 ran without it
+                                overload_requests=run.get("overload_requests"))
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
                         page_size=ecfg.page_size, max_model_len=max_len,
                         scheduler=apply(scheduler, settings or {}),
@@ -183,6 +187,21 @@ def step_model(vo: ValidationOptions, run: dict) -> LatencyModel:
     return LatencyModel.from_dict(run["latency_model"], PRESETS[run["model"]])
 
 
+def cell_gains(rows: list[dict], d: float, slow_fast: list[dict]) -> None:
+    """Adds `gain_p50`/`gain_p90` to each row: the relative change of the simulated cell per
+    relative change of every step time, from simulations with steps 1 - d and 1 + d times as
+    long (`slow_fast`: their `by_pool` results). Near saturation a cell's gain grows like
+    1 / (1 - utilization): a prediction within a tolerance then needs step times within
+    tolerance / gain, whatever the scheduler -- the condition of the test, beside its
+    result."""
+    lo, hi = slow_fast
+    for row in rows:
+        for q in ("p50", "p90"):
+            y, a, b = row[f"sim_{q}_ms"], lo[row["pool"]][q], hi[row["pool"]][q]
+            row[f"gain_{q}"] = (b - a) / (2 * d * y) if y and a is not None and b is not None \
+                else None
+
+
 def validate(vo: ValidationOptions) -> dict:
     comp, real = _load_round(vo)
     run = comp["run"]
@@ -205,17 +224,19 @@ def validate(vo: ValidationOptions) -> dict:
         if late is not None:  # the real replay's timers fired this late on average
             vo = dataclasses.replace(vo, submit_late_s=late)
             lateness[mode] = late
+        used = (model, vo)  # the model and options this mode's prediction was simulated with
         if vo.calibrate and vo.calibrate_by in ("kind", "bucket") and not spatial(mode):
             cal, stats, lanes = calibrate_kinds(mode, run, model, vo,
                                                 comp["metrics"][mode]["lanes"])
             cals[mode], factors[mode] = cal, dataclasses.asdict(cal)
+            used = (model, dataclasses.replace(vo, calibration=cal))
         elif vo.calibrate and vo.fit_overlap and spatial(mode) and "laps" in factors:
             # the machine's speed as laps saw it; the sharing is fitted
             m, v = ((model, dataclasses.replace(vo, calibration=cals["laps"])) if "laps" in cals
                     else (model.scaled(factors["laps"]), vo))
             overlap = fit_overlap(run, m, v, measured)
-            stats, lanes = simulate_mode(mode, run, m,
-                                         dataclasses.replace(v, spatial_overlap=overlap))
+            used = (m, dataclasses.replace(v, spatial_overlap=overlap))
+            stats, lanes = simulate_mode(mode, run, *used)
             factors[mode] = factors["laps"]
         elif vo.calibrate:  # the machine's speed during this mode, from its own step timings:
             # mean seconds per step, real over simulated (totals would let a simulation that
@@ -227,10 +248,17 @@ def validate(vo: ValidationOptions) -> dict:
                 f *= real_mean / (step_seconds(lanes) / max(1, num_steps(lanes)))
                 stats, lanes = simulate_mode(mode, run, model.scaled(f), vo)
             factors[mode] = f
+            used = (model.scaled(f), vo)
         else:
             stats, lanes = simulate_mode(mode, run, model, vo)
         a, b = by_pool(rs), by_pool([s.to_dict() for s in stats])
-        rows += [compare_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
+        mode_rows = [compare_row(mode, pool, a[pool], b[pool]) for pool in POOLS]
+        if base.sensitivity > 0:
+            cell_gains(mode_rows, base.sensitivity, [
+                by_pool([s.to_dict() for s in simulate_mode(mode, run, used[0].scaled(f),
+                                                            used[1])[0]])
+                for f in (1.0 - base.sensitivity, 1.0 + base.sensitivity)])
+        rows += mode_rows
     return {"run_dir": vo.run_dir, "round": vo.round, "options": dataclasses.asdict(vo),
             "rows": rows,
             **verdict(rows, vo.min_samples, vo.tolerance),
