@@ -338,6 +338,20 @@ def _simulated_compare(tmp_path, logs: list[str] | None = None, **changes) -> di
     return run_comparison(o, (logs if logs is not None else []).append)
 
 
+def test_round_order_reverses_each_pair_and_moves_every_mode_through_every_position():
+    from itertools import permutations
+
+    from laps_jax.scheduler.compare import round_order
+    modes = ["mixed", "laps", "laps-spatial"]
+    orders = [round_order(modes, k) for k in range(6)]
+    assert sorted(map(tuple, orders)) == sorted(permutations(modes))  # all six, once each
+    assert all(orders[k + 1] == orders[k][::-1] for k in (0, 2, 4))   # drift cancels by pairs
+    assert round_order(modes, 6) == orders[0]
+    two = [round_order(["a", "b"], k) for k in range(4)]
+    assert [o[0] for o in two].count("a") == 2 and all(sorted(o) == ["a", "b"] for o in two)
+    assert round_order(["a"], 3) == ["a"]
+
+
 def test_compare_repeats_rounds_in_alternating_order(tmp_path):
     """compare_modes --simulate --repeats 2: both rounds recorded, modes alternate their order,
     and the reported ratio is the median of the rounds' (equal here: virtual time is exact)."""
@@ -578,8 +592,17 @@ def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):
     path = tmp_path / "slow.json"
     path.write_text(json.dumps({"model": "bench-cpu", "latency_model": slow.to_dict()}))
     r = validate(ValidationOptions(str(tmp_path / "run"), calibrate=True, round=1,
-                                   profile=str(path)))
+                                   profile=str(path), calibrate_by="kind"))
     for mode in ("mixed", "laps"):
         assert all(v == pytest.approx(0.5, rel=0.02)
                    for v in r["speed_factors"][mode]["scale"].values())
+    assert r["worst_abs_error"] < 0.1
+    # per compiled shape (the default): every shape run 5+ times gets exactly 0.5; the kind
+    # factors only cover the rarer shapes
+    r = validate(ValidationOptions(str(tmp_path / "run"), calibrate=True, round=1,
+                                   profile=str(path)))
+    for mode in ("mixed", "laps"):
+        shapes = {k: v for k, v in r["speed_factors"][mode]["scale"].items() if " " in k}
+        assert len(shapes) >= 4 and all(v == pytest.approx(0.5, rel=0.01)
+                                        for v in shapes.values())
     assert r["worst_abs_error"] < 0.1

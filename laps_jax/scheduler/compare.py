@@ -148,6 +148,19 @@ def _capacity_work(work, n: int) -> list[OpenRequest]:
             for _, s, k in turns]
 
 
+def round_order(modes: list[str], rnd: int) -> list[str]:
+    """The order of the modes in round `rnd` (from 0): each odd round reverses the round
+    before it, so a drift in the machine's speed within a pair of rounds hits every mode alike,
+    and each pair starts one rotation further on, so no mode keeps one position -- with three
+    modes, plain reversal left the middle one in the middle every round (in session 11 two
+    settings that made identical decisions differed 20% on mean prefill over 8 rounds, one of
+    them in the middle every round: noise or position, a fair order rules out the second).
+    Three modes: all six orders every six rounds."""
+    k = (rnd // 2) % max(1, len(modes))
+    rotated = list(modes[k:]) + list(modes[:k])
+    return rotated if rnd % 2 == 0 else rotated[::-1]
+
+
 def measure_capacity(burst: Callable[[], tuple], repeats: int) -> list[float]:
     """Requests/s of `repeats` (>= 1) replays of one burst; the caller takes the median, and
     the load every goal is measured at follows it. A single burst right after start-up once
@@ -263,8 +276,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     round_metrics: list[dict] = []           # per round: mode -> lane metrics
     every: list[tuple[int, str, list]] = []  # (round, mode, stats) of every round
     for rnd in range(max(1, o.repeats)):
-        # later rounds alternate the order, so drift in the machine's speed hits every mode
-        order = modes if rnd % 2 == 0 else modes[::-1]
+        order = round_order(modes, rnd)
         summary, round_metrics_now = {}, {}
         for mode in order:
             again = lambda share, mode=mode: log(
