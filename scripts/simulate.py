@@ -100,10 +100,11 @@ def parse(argv):
                         "step, per mode (the machine's speed during that mode; not fitted to "
                         "TTFT), add the run's measured host time per step to every step, and "
                         "submit each request as late as the real replay did on average")
-    v.add_argument("--calibrate-by", choices=("bucket", "kind", "step"), default="kind",
-                   help="with --calibrate: one factor per step kind, prefill and decode (kind, "
-                        "default), per compiled shape the run ran 5+ times and else per kind "
-                        "(bucket), or one per mode over all steps (step)")
+    v.add_argument("--calibrate-by", choices=("bucket", "kind", "step"), default="bucket",
+                   help="with --calibrate: a factor per compiled shape the run ran 5+ times and "
+                        "else per step kind (bucket, default: under load batches grow and the "
+                        "shape mix moves, which one factor per kind averages away), one per "
+                        "step kind, prefill and decode (kind), or one per mode (step)")
     v.add_argument("--no-jitter", action="store_true",
                    help="with --calibrate-by kind/bucket: leave out the run's measured step jitter")
     v.add_argument("--round", type=int, default=1,

@@ -44,8 +44,10 @@ class ValidationOptions:
     tolerance: float = 0.20
     min_samples: int = 5              # pools with fewer requests are shown, not judged
     round: int = 1                    # which round of a --repeats run to predict
-    calibrate_by: str = "kind"        # "bucket": a factor per compiled shape (else per kind);
-                                      # "kind": per step kind; "step": one per mode
+    calibrate_by: str = "bucket"      # "bucket": a factor per compiled shape the run ran 5+
+                                      # times, else per kind (the default since session 11:
+                                      # under load the shape mix moves); "kind": per step
+                                      # kind; "step": one per mode
     calibration: Calibration | None = None  # set by the calibration (speed, jitter per kind)
     jitter: bool = True               # calibrate_by kind/bucket: the real run's step jitter too
     submit_late_s: float = 0.0        # the replay submits this late (calibration: measured)
