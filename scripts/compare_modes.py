@@ -91,7 +91,7 @@ def parse(argv):
                         "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
                         "threshold, window_mode, long_budget_tokens, long_chunk_ratio, "
                         "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s, fill_rows, "
-                        "fill_slack, overload_requests: a count or off). "
+                        "fill_slack, overload_requests: a count or off, overload_check). "
                         "Repeatable: the fair "
                         "A/B of two settings on a shared machine (same arrivals and rounds)")
     s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
@@ -108,7 +108,7 @@ def parse(argv):
                         "laps-spatial: the step budget). Smaller chunks let "
                         "short requests in sooner at some throughput cost; while more than "
                         "SchedulerConfig.overload_requests (4) long requests wait, laps' long "
-                        "steps take the full budget")
+                        "steps may take twice the chunk where that pads no more tokens")
     s.add_argument("--no-buckets", action="store_true",
                    help="ablation: compile one prefill executable (1 x --max-chunk) so every "
                         "prefill step pads to it, instead of the (batch, tokens) bucket grid")

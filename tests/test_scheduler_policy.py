@@ -409,7 +409,7 @@ def test_long_pool_takes_full_budget_steps_only_while_behind():
     """With more requests waiting than the overload mark the long pool packs under the
     overload budget (fewer, more efficient steps once the device is behind); at or under it,
     small chunks -- whatever the tokens: one huge prompt is not a queue."""
-    pool = LongPool(GRID, 128, 0.0, 100.0, "srpt", overload=(2, 512))
+    pool = LongPool(GRID, 128, 0.0, 100.0, "srpt", overload=(2, 512, True))
     a, b, c = req(3000), req(300), req(400)
     for r in (a, b):
         pool.add(r, 0.0)
@@ -430,10 +430,29 @@ def test_long_pool_takes_full_budget_steps_only_while_behind():
     assert not off.plan(0.0).overload and sum(n for _, n in off.plan(0.0).work) <= 128
 
 
+def test_overload_step_pads_no_more_than_the_chunks_it_replaces():
+    """Behind, a wider step is taken only if its bucket holds no more tokens than the one-row
+    long-budget chunks doing the same work: one packed around a short remainder loses."""
+    def pool(check: bool, lengths) -> LongPool:
+        p = LongPool(GRID, 128, 0.0, 100.0, "srpt", overload=(1, 512, check))
+        for n in lengths:
+            p.add(req(n), 0.0)
+        return p
+    # wide: 140 + a 256 chunk in a (2, 256) bucket = 512 slots; as 128-token chunks
+    # (128 + 16) + (128 + 128) = 400 slots
+    plan = pool(True, (140, 3000)).plan(0.0)
+    assert not plan.overload and [n for _, n in plan.work] == [128]
+    assert pool(False, (140, 3000)).plan(0.0).overload  # unchecked: widened all the same
+    plan = pool(True, (2000, 3000)).plan(0.0)  # two full 256 chunks: 512 slots either way
+    assert plan.overload and [n for _, n in plan.work] == [256, 256]
+
+
 def test_overload_mark_applies_only_below_the_full_budget():
     from laps_jax.scheduler.policy import derive
     d = derive(SchedulerConfig(long_budget_tokens=128, overload_requests=3), GRID, MODEL)
     assert d.long_budget == 128 and d.overload_requests == 3
+    assert d.overload_budget == 256 and d.overload_check  # twice the chunk, under 512
+    assert derive(SchedulerConfig(long_budget_tokens=384), GRID, MODEL).overload_budget == 512
     assert derive(SchedulerConfig(long_budget_tokens=128, overload_requests=None), GRID,
                   MODEL).overload_requests is None
     # chunks already at the full budget: nothing to switch to

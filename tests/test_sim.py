@@ -457,6 +457,7 @@ def test_a_variant_turns_the_overload_mark_off_or_moves_it():
     from laps_jax.scheduler.variants import parse_variant
     assert parse_variant("a=laps:overload_requests=off").settings == {"overload_requests": None}
     assert parse_variant("b=laps:overload_requests=8").settings == {"overload_requests": 8}
+    assert parse_variant("c=laps:overload_check=off").settings == {"overload_check": False}
 
 
 def test_capacity_is_measured_over_several_bursts():

@@ -24,7 +24,7 @@ class LaneCounters:
     handoffs_in: int = 0       # requests prefilled elsewhere whose K/V moved here to decode
     failed_steps: int = 0
     filled_long_tokens: int = 0  # laps: long-chunk tokens run in short batches' empty rows
-    overload_long_steps: int = 0  # laps: full-budget long steps (long pool behind)
+    overload_long_steps: int = 0  # laps: widened long steps (long pool behind)
     # "kind BxT" -> [steps, seconds, seconds^2]: how long and how steady each compiled shape ran
     # (the simulator's validation takes the machine's step-time jitter from it)
     bucket_seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)

@@ -44,8 +44,11 @@ class SchedulerConfig:
     long_chunk_ratio: float | None = 5.0  # laps: the widest chunk predicted to take at most this
                                           # many cheapest prefill steps (None: budget_tokens)
     overload_requests: int | None = 4     # laps: while more than this many long requests
-                                          # wait, long steps take the full budget (the device
-                                          # is behind: efficiency first; None: never)
+                                          # wait, long steps may take twice the long chunk
+                                          # (the device is behind: efficiency first; None:
+                                          # never)
+    overload_check: bool = True           # ... only where that pads no more tokens than
+                                          # the long chunks it replaces (False: always)
     max_postpone_s: float | None = None   # starvation bound of the long pool
     aging_tokens_per_s: float | None = None  # credit per second waited, in tokens
     aging_fraction: float = 0.25          # default aging: this share of a long chunk's tokens/s
@@ -86,7 +89,9 @@ class Derived:
     fill_rows: bool = False
     fill_slack: float | None = None  # None: no latency model, never grow
     overload_requests: int | None = None  # long requests waiting past which long steps
-                                          # take `budget` (None: never)
+                                          # may take `overload_budget` (None: never)
+    overload_budget: int = 0
+    overload_check: bool = True
 
 
 def _given(value: float | None, default: float) -> float:
@@ -115,7 +120,10 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     check(cfg)
     budget = cfg.budget_tokens or grid.max_batch_tokens
     window = dataclasses.replace(cfg.window)
-    overload = lambda long_budget: None if long_budget >= budget else cfg.overload_requests
+    overload = lambda long_budget: dict(
+        overload_requests=None if long_budget >= budget else cfg.overload_requests,
+        overload_budget=min(budget, OVERLOAD_WIDEN * long_budget),
+        overload_check=cfg.overload_check)
     if model is None:
         long_budget = cfg.long_budget_tokens or budget
         fixed = min(cfg.threshold or cfg.fallback_threshold, grid.max_chunk)
@@ -123,7 +131,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
                        _given(cfg.aging_tokens_per_s, 2000.0), lambda w, b: 0.0, window,
                        cfg.cross_pool, cfg.order, decode_gap_s=cfg.decode_gap_s or 0.0,
                        max_wait_s=_given(cfg.max_wait_s, 2.0), fill_rows=cfg.fill_rows,
-                       overload_requests=overload(long_budget))
+                       **overload(long_budget))
 
     step = lambda n: model.predict(StepShape.exact((min(n, grid.max_chunk),)))
     long_budget = cfg.long_budget_tokens or long_chunk(grid, budget, step, cfg.long_chunk_ratio)
@@ -158,7 +166,11 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
                    cfg.cross_pool, cfg.order, service, gap,
                    max_wait_s=_given(cfg.max_wait_s, 16.0 * full), fill_rows=cfg.fill_rows,
-                   fill_slack=cfg.fill_slack, overload_requests=overload(long_budget))
+                   fill_slack=cfg.fill_slack, **overload(long_budget))
+
+
+# laps overload steps: at most this many long chunks' tokens (bench-cpu: 2 x 256 = its budget)
+OVERLOAD_WIDEN = 2
 
 
 def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
@@ -171,10 +183,13 @@ def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
     little: Qwen2.5-32B on an H200 (roofline) gets 512 of a 2048 budget, bench-cpu on this
     2-core CPU 256 of 512. Near saturation the small chunks' extra steps cost more than their
     shorter stalls save (bench-cpu: ~5% more device time for the same tokens), so while more
-    than `overload_requests` long requests wait the pool takes full-budget steps. A queue of
-    requests, not of tokens: one huge prompt is not an overload (on the sessions trace a
-    token mark made short requests miss their SLO at light load; docs/BENCHMARKS_SCHEDULER.md,
-    session 11)."""
+    than `overload_requests` long requests wait the pool may take steps of up to
+    `OVERLOAD_WIDEN` chunks, each only if it pads no more tokens than the chunks it replaces.
+    A queue of requests, not of tokens: one huge prompt is not an overload (on the sessions
+    trace a token mark made short requests miss their SLO at light load). Twice the chunk,
+    not the full budget, and the padding check: on the H200 roofline, full-budget steps (4
+    chunks) packed padded buckets around several requests and made laps' mean prefill 3.5x
+    worse at load 0.8 (docs/SIMULATION.md, session 12)."""
     if ratio is None:
         return budget
     widths = [t for t in grid.prefill_tokens if t <= budget] or [budget]
@@ -213,7 +228,8 @@ class LapsPlanner:
         self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict, d.order,
                                d.service, d.max_wait_s)
         self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service,
-                             d.max_wait_s, overload=(d.overload_requests, d.budget))
+                             d.max_wait_s, overload=(d.overload_requests, d.overload_budget,
+                                                     d.overload_check))
         self.cross_pool, self.fill_rows, self.fill_slack = d.cross_pool, d.fill_rows, d.fill_slack
 
     def add(self, r: Request, now: float) -> None:

@@ -198,28 +198,28 @@ class ShortPool(_Pool):
 class LongPool(_Pool):
     """Long requests; the pool as a whole may be postponed (in favour of short work) at most
     `max_postpone_s` since its last step, and a forced step serves its longest-waiting member.
-    `overload` = (requests, budget): while more requests than that wait, steps are packed
-    under that larger budget (fewer, more efficient steps once the device is behind)."""
+    `overload` = (requests, budget, check): while more requests than that wait, a step packed
+    under that larger budget is taken -- with `check`, only if its bucket pads no more tokens
+    than the one-row long-budget chunks that would do the same work (fewer steps once the
+    device is behind, not more padding: a wide bucket around several requests' chunks can pad
+    more than it saves)."""
 
     name = LONG
 
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
                  max_postpone_s: float, order: str = "aging",
                  service: Callable[[int], float] | None = None, max_wait_s: float = 2.0,
-                 overload: tuple[int | None, int] = (None, 0)):
+                 overload: tuple[int | None, int, bool] = (None, 0, True)):
         super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
         self.max_postpone_s = max_postpone_s
         self.last_step: float | None = None  # when the pool last got a step
         self.forced_steps = 0
-        self.overload_requests, self.overload_budget = overload
+        self.overload_requests, self.overload_budget, self.overload_check = overload
         self.overload_steps = 0
 
-    def step_budget(self) -> int:
-        """The token budget of the next step: the long budget, or the overload budget while
-        more requests wait than the overload mark."""
-        if self.overload_requests is not None and len(self.reqs) > self.overload_requests:
-            return self.overload_budget
-        return self.budget
+    def behind(self) -> bool:
+        """More requests wait than the overload mark."""
+        return self.overload_requests is not None and len(self.reqs) > self.overload_requests
 
     def add(self, r: Request, now: float) -> None:
         if not self.reqs:
@@ -247,10 +247,27 @@ class LongPool(_Pool):
         if first is not None:
             order.remove(first)
             order.insert(0, first)
-        budget = self.step_budget()
-        work, bucket, _ = pack(order, self.grid, budget, chunk=True, strict=False)
+        work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=False)
         plan = PrefillPlan(work, self.name, bucket) if work else None
+        if plan is not None and self.behind():
+            wide, wide_bucket, _ = pack(order, self.grid, self.overload_budget, chunk=True,
+                                        strict=False)
+            more = sum(n for _, n in wide) > sum(n for _, n in work)
+            if more and (not self.overload_check or self._pads_no_more(wide, wide_bucket)):
+                plan = PrefillPlan(wide, self.name, wide_bucket, overload=True)
         if plan is not None:
             plan.forced = first is not None
-            plan.overload = budget != self.budget
         return plan
+
+    def _pads_no_more(self, wide: Work, bucket: Bucket) -> bool:
+        """`wide`'s bucket holds no more tokens than the one-row chunks under the long budget
+        that would do its work (rows and widths rounded up to their buckets alike)."""
+        plain = 0
+        for _, n in wide:
+            while n > 0:
+                one = fits(self.grid, 1, min(n, self.budget), self.budget)
+                if one is None:
+                    return True  # no plain chunk fits: nothing to compare against
+                plain += one.tokens
+                n -= min(n, self.budget)
+        return bucket.batch * bucket.tokens <= plain

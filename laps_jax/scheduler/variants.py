@@ -35,7 +35,8 @@ def count_or_off(value: str) -> int | None:
 SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
-            "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off}
+            "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off,
+            "overload_check": flag}
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")

@@ -82,7 +82,7 @@ LANE_COUNTERS = (
      "handoffs_in"),
     ("laps_filled_long_tokens", "Long-prompt tokens prefilled in the empty bucket rows of short "
      "batches (laps)", "filled_long_tokens"),
-    ("laps_overload_long_steps", "Long-pool steps run under the full token budget because more "
+    ("laps_overload_long_steps", "Long-pool steps widened past the long chunk because more "
      "long requests waited than the overload mark (laps)", "overload_long_steps"),
 )
 

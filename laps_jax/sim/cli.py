@@ -11,6 +11,7 @@ import os
 
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
 from laps_jax.scheduler.router import POLICIES
+from laps_jax.scheduler.variants import count_or_off
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim import hardware
 from laps_jax.sim.driver import RunSpec
@@ -75,6 +76,14 @@ def add_instance_args(ap: argparse.ArgumentParser) -> None:
                         "scripts/compare_modes.py --help)")
     g.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
                    help="short-pool waiting window (adaptive)")
+    g.add_argument("--overload-requests", type=count_or_off,
+                   default=SchedulerConfig.overload_requests,
+                   help="laps: long requests waiting past which long steps may take twice "
+                        "the long chunk (where that pads no more tokens), or 'off' "
+                        f"({SchedulerConfig.overload_requests})")
+    g.add_argument("--no-overload-check", action="store_true",
+                   help="laps: widen long steps past the overload mark even where that pads "
+                        "more tokens (before session 12)")
     g.add_argument("--static-window-ms", type=float, default=5.0, help="static window (5 ms)")
     g.add_argument("--spatial-devices", type=int, choices=(1, 2), default=1,
                    help="laps-spatial: both lanes share one device (1, default) or own one each")
@@ -119,7 +128,8 @@ def instance_spec(args, src: hardware.ModelSource, mode: str = "laps") -> Instan
     sched = SchedulerConfig(
         threshold=None if args.threshold == "auto" else int(args.threshold),
         window=WindowConfig(mode=args.window, static_s=args.static_window_ms * 1e-3),
-        order=args.order)
+        order=args.order, overload_requests=args.overload_requests,
+        overload_check=not args.no_overload_check)
     return InstanceSpec(mode, grid, kv, args.page_size, args.max_model_len, sched,
                         args.spatial_devices, args.spatial_overlap,
                         prefix_cache=not args.no_prefix_cache)

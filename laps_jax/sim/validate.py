@@ -130,8 +130,10 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
                                 # runs recorded before session 9 ran without it
                                 fill_rows=run.get("fill_rows", False),
                                 fill_slack=run.get("fill_slack", 0.0),
-                                # runs recorded before session 11 ran without it
-                                overload_requests=run.get("overload_requests"))
+                                # runs recorded before session 11 ran without it, and
+                                # before session 12 without the padding check
+                                overload_requests=run.get("overload_requests"),
+                                overload_check=run.get("overload_check", False))
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,
                         page_size=ecfg.page_size, max_model_len=max_len,
                         scheduler=apply(scheduler, settings or {}),
