@@ -405,7 +405,7 @@ def test_decode_gap_is_one_full_budget_step_whatever_the_long_chunk():
         derive(SchedulerConfig(long_chunk_ratio=0.0), GRID, MODEL)
 
 
-def test_long_pool_takes_full_budget_steps_only_while_behind():
+def test_long_pool_takes_wider_steps_only_while_behind():
     """With more requests waiting than the overload mark the long pool packs under the
     overload budget (fewer, more efficient steps once the device is behind); at or under it,
     small chunks -- whatever the tokens: one huge prompt is not a queue."""

@@ -116,6 +116,10 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"fill_slack must be >= 0, got {cfg.fill_slack}")
 
 
+# laps overload steps: at most this many long chunks' tokens (bench-cpu: 2 x 256 = its budget)
+OVERLOAD_WIDEN = 2
+
+
 def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -> Derived:
     check(cfg)
     budget = cfg.budget_tokens or grid.max_batch_tokens
@@ -167,10 +171,6 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
                    cfg.cross_pool, cfg.order, service, gap,
                    max_wait_s=_given(cfg.max_wait_s, 16.0 * full), fill_rows=cfg.fill_rows,
                    fill_slack=cfg.fill_slack, **overload(long_budget))
-
-
-# laps overload steps: at most this many long chunks' tokens (bench-cpu: 2 x 256 = its budget)
-OVERLOAD_WIDEN = 2
 
 
 def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],

@@ -265,9 +265,9 @@ class LongPool(_Pool):
         plain = 0
         for _, n in wide:
             while n > 0:
-                one = fits(self.grid, 1, min(n, self.budget), self.budget)
+                piece = min(n, self.budget)
+                one = fits(self.grid, 1, piece, self.budget)
                 if one is None:
                     return True  # no plain chunk fits: nothing to compare against
-                plain += one.tokens
-                n -= min(n, self.budget)
+                plain, n = plain + one.tokens, n - piece
         return bucket.batch * bucket.tokens <= plain
