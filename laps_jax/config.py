@@ -259,6 +259,9 @@ class EngineConfig:
     attention_backend: str | None = None  # None = pallas on GPU, xla on CPU
     layer_loop: str | None = None         # None = unroll on CPU, scan on GPU (qwen2.LAYER_LOOPS)
     enable_prefix_cache: bool = True
+    # CPU: prefill buckets of at least this many tokens per row keep XLA's default dots or
+    # oneDNN's, whichever ran faster at warm-up (engine/dot_tuning.py); 0 = never try oneDNN
+    dot_tuning_tokens: int = 1024
 
     @property
     def num_pages(self) -> int:

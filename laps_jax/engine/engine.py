@@ -66,7 +66,8 @@ class Engine(PagedSequences):
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,
                                   attention_backend=ecfg.attention_backend or default_backend(),
-                                  layer_loop=ecfg.layer_loop or default_layer_loop(params))
+                                  layer_loop=ecfg.layer_loop or default_layer_loop(params),
+                                  dot_tuning_tokens=ecfg.dot_tuning_tokens)
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         # KV hand-off (laps-spatial): its copies compile in transfer.warmup(), which the

@@ -145,14 +145,23 @@ class ExecutableCache:
         self.compiles_after_warmup = 0
         self.compile_seconds = 0.0
 
-    def _compile(self, bucket: Bucket):
+    def compile_variant(self, bucket: Bucket, options: dict | None = None):
+        """The bucket compiled with these XLA compiler options (not stored: see `replace`)."""
         fn, args = self._build(bucket)
         t0 = time.perf_counter()
-        exe = fn.lower(*args).compile()
+        exe = fn.lower(*args).compile(compiler_options=options)
         with _lock:
             self.compile_seconds += time.perf_counter() - t0
-            self._compiled[bucket] = exe
         return exe
+
+    def _compile(self, bucket: Bucket):
+        exe = self.compile_variant(bucket)
+        self.replace(bucket, exe)
+        return exe
+
+    def replace(self, bucket: Bucket, exe) -> None:
+        with _lock:
+            self._compiled[bucket] = exe
 
     def warmup(self, buckets: list[Bucket], progress: Callable[[int, int], None] | None = None,
                workers: int | None = None):

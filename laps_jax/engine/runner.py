@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laps_jax.config import ModelConfig
+from laps_jax.engine.dot_tuning import DotChoice, choose_dots, tunable
 from laps_jax.engine.executables import Bucket, BucketGrid, ExecutableCache
 from laps_jax.engine.sampling import SampleOut, SamplingArrays, sample
 from laps_jax.models.qwen2 import (LAYER_LOOPS, Batch, forward_hidden, last_hidden, lm_logits,
@@ -80,7 +81,7 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, params: dict, *, num_pages: int, page_size: int = 16,
                  max_model_len: int = 4096, grid: BucketGrid | None = None,
                  attention_backend: str = "xla", kv_dtype=None, mesh=None,
-                 layer_loop: str = "scan"):
+                 layer_loop: str = "scan", dot_tuning_tokens: int = 0):
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"unknown layer loop {layer_loop!r}; choose one of {LAYER_LOOPS}")
         if isinstance(params["layers"], list) and layer_loop == "scan":
@@ -110,6 +111,8 @@ class ModelRunner:
             self.v_cache = zeros((cfg.num_layers, *shape))
         self.executables = ExecutableCache(self._build)
         self.stats = RunnerStats()
+        self.dot_tuning_tokens = dot_tuning_tokens
+        self.dot_choices: list[DotChoice] = []  # what warm-up's timing chose (dot_tuning.py)
 
     # -- compilation --------------------------------------------------------------------
     def _build(self, bucket: Bucket):
@@ -132,6 +135,7 @@ class ModelRunner:
             buckets += self.grid.prefill_buckets(True)
         self.executables.warmup(buckets, progress)
         self.prime(buckets)
+        self.tune_dots(buckets)
 
     def prime(self, buckets: Sequence[Bucket]) -> None:
         """Runs every executable once on a full batch whose pages are all the trash page 0 (no
@@ -141,12 +145,27 @@ class ModelRunner:
         7.1 instead of 11.2 requests/s. The rows are full (not 0 tokens): code inside the
         attention loops only warms up when it runs."""
         for bucket in sorted(set(buckets)):
-            T = bucket.tokens
-            row = SeqInput([0] * T, 0, [0] * -(-T // self.page_size))
-            batch, sampling, targets = self.pack([row] * bucket.batch, bucket)
-            out, _, self.k_cache, self.v_cache = self.executables.get(bucket)(
-                self.params, self.k_cache, self.v_cache, batch, sampling, targets)
-            jax.block_until_ready(out)
+            self.run_trash(bucket, self.executables.get(bucket))
+
+    def run_trash(self, bucket: Bucket, exe) -> None:
+        """One step of `exe` on full rows whose K/V all goes to the trash page 0; waits."""
+        T = bucket.tokens
+        row = SeqInput([0] * T, 0, [0] * -(-T // self.page_size))
+        batch, sampling, targets = self.pack([row] * bucket.batch, bucket)
+        out, _, self.k_cache, self.v_cache = exe(self.params, self.k_cache, self.v_cache, batch,
+                                                 sampling, targets)
+        jax.block_until_ready(out)
+
+    def tune_dots(self, buckets: Sequence[Bucket]) -> None:
+        """On the CPU, long-prefill buckets keep XLA's or oneDNN's dots, whichever ran their
+        warm-up batch faster (dot_tuning.py)."""
+        platform = jax.tree.leaves(self.params)[0].devices().pop().platform
+        for bucket in sorted(set(buckets)):
+            if tunable(bucket, self.dot_tuning_tokens, platform):
+                choice = choose_dots(self.executables, bucket,
+                                     functools.partial(self.run_trash, bucket))
+                if choice is not None:
+                    self.dot_choices.append(choice)
 
     # -- running ------------------------------------------------------------------------
     def bucket_for(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False) -> Bucket:
