@@ -15,15 +15,20 @@ from typing import Callable
 
 
 def paired_times(fa: Callable[[], object], fb: Callable[[], object] | None, repeats: int,
-                 block: int = 1) -> tuple[float, float, float]:
+                 block: int = 1, budget_s: float | None = None) -> tuple[float, float, float]:
     """Median seconds of `fa` and of `fb` over `repeats` turns each, and the median of the
     per-turn ratios t_b / t_a (nan without `fb`). Each function is called once first as a
-    warm-up; with block > 1 a turn is one untimed call and the median of `block` timed ones."""
+    warm-up; with block > 1 a turn is one untimed call and the median of `block` timed ones.
+    With `budget_s`, no new turn starts once that long has passed since the first (at least one
+    turn runs)."""
     fns = [f for f in (fa, fb) if f is not None]
     for f in fns:
         f()
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
+    start = time.perf_counter()
+    for turn in range(repeats):
+        if turn and budget_s is not None and time.perf_counter() - start >= budget_s:
+            break
         for i, f in enumerate(fns):
             if block > 1:
                 f()

@@ -19,6 +19,7 @@ never imports them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -153,9 +154,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "matmul_gflops": peak, "rows": rows,
-                       "dot_choices": [{"bucket": [c.bucket.batch, c.bucket.tokens],
-                                        "library": c.library, "xla_s": c.xla_seconds,
-                                        "onednn_s": c.onednn_seconds}
+                       "dot_choices": [dict(dataclasses.asdict(c), library=c.library)
                                        for c in eng.runner.dot_choices]}, f, indent=1)
     return 0
 

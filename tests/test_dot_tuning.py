@@ -120,3 +120,13 @@ def test_warmup_times_the_long_buckets_and_keeps_its_choice():
     short = runner.executables.get(Bucket(1, 32)).as_text()
     assert "__onednn_fusion" not in short
     assert runner.executables.compiles_after_warmup == 0
+
+
+def test_timing_budget_stops_new_turns():
+    from laps_jax.timing import paired_times
+    calls = []
+    paired_times(lambda: calls.append("a"), lambda: calls.append("b"), 7, budget_s=0.0)
+    assert calls == ["a", "b", "a", "b"]  # the untimed first calls, then one turn only
+    calls.clear()
+    paired_times(lambda: calls.append("a"), lambda: calls.append("b"), 3, budget_s=60.0)
+    assert len(calls) == 2 + 2 * 3

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
-import time
 import warnings
 from typing import Callable
 
 from laps_jax.engine.executables import Bucket, ExecutableCache
+from laps_jax.timing import paired_times
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +60,6 @@ class DotChoice:
                 f"-> {self.library}")
 
 
-def _seconds(call: Callable[[object], None], exe) -> float:
-    t0 = time.perf_counter()
-    call(exe)
-    return time.perf_counter() - t0
-
-
 def tunable(bucket: Bucket, min_tokens: int, platform: str) -> bool:
     return platform == "cpu" and min_tokens > 0 and not bucket.is_decode \
         and bucket.tokens >= min_tokens
@@ -95,13 +88,9 @@ def choose_dots(cache: ExecutableCache, bucket: Bucket, call: Callable[[object],
     if alt is None:
         return None
     base = cache.get(bucket)
-    call(alt)  # a program's first run is slow (runner.prime); the default's has happened
-    times: list[tuple[float, float]] = []
-    start = time.perf_counter()
-    while len(times) < turns and (not times or time.perf_counter() - start < BUDGET_SECONDS):
-        times.append((_seconds(call, base), _seconds(call, alt)))
-    t_xla, t_onednn = (statistics.median(t) for t in zip(*times))
-    choice = DotChoice(bucket, t_xla, t_onednn, statistics.median(o / x for x, o in times))
+    # both run once untimed first: a program's first run is slow (runner.prime)
+    choice = DotChoice(bucket, *paired_times(lambda: call(base), lambda: call(alt), turns,
+                                             budget_s=BUDGET_SECONDS))
     if choice.library == "onednn":
         cache.replace(bucket, alt)
     log.info("%s", choice.describe())
