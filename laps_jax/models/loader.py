@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laps_jax.config import ModelConfig, resolve_model
+from laps_jax.models.checkpoint_match import check_checkpoint
 from laps_jax.models.qwen2 import init_params
 from laps_jax.models.safetensors_io import CheckpointError, SafetensorsCheckpoint
 from laps_jax.models.weights import WeightError, params_from_hf
@@ -34,8 +35,10 @@ class LoadedModel:
 
 
 def load_hf_params(model_dir: str, cfg: ModelConfig, dtype=jnp.float32) -> dict:
-    """Reads every tensor from safetensors; errors name the file or tensor at fault."""
+    """Reads every tensor from safetensors; errors name the file or tensor at fault (and the
+    config.json field when the two disagree)."""
     ckpt = SafetensorsCheckpoint(model_dir)
+    check_checkpoint(ckpt, cfg, os.path.join(model_dir, "config.json"))
 
     def get(name: str) -> np.ndarray:
         try:

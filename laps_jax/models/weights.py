@@ -18,23 +18,49 @@ class WeightError(ValueError):
     """A checkpoint tensor that is missing or has the wrong shape; names the tensor."""
 
 
-# (our path, HF name pattern, transpose, expected HF shape as a function of the config)
-_LAYER_TENSORS: list[tuple[tuple[str, ...], str, bool, Callable[[ModelConfig], tuple]]] = [
-    (("attn", "q_w"), "self_attn.q_proj.weight", True, lambda c: (c.q_size, c.hidden_size)),
-    (("attn", "q_b"), "self_attn.q_proj.bias", False, lambda c: (c.q_size,)),
-    (("attn", "k_w"), "self_attn.k_proj.weight", True, lambda c: (c.kv_size, c.hidden_size)),
-    (("attn", "k_b"), "self_attn.k_proj.bias", False, lambda c: (c.kv_size,)),
-    (("attn", "v_w"), "self_attn.v_proj.weight", True, lambda c: (c.kv_size, c.hidden_size)),
-    (("attn", "v_b"), "self_attn.v_proj.bias", False, lambda c: (c.kv_size,)),
-    (("attn", "o_w"), "self_attn.o_proj.weight", True, lambda c: (c.hidden_size, c.q_size)),
-    (("mlp", "gate_w"), "mlp.gate_proj.weight", True,
-     lambda c: (c.intermediate_size, c.hidden_size)),
-    (("mlp", "up_w"), "mlp.up_proj.weight", True, lambda c: (c.intermediate_size, c.hidden_size)),
-    (("mlp", "down_w"), "mlp.down_proj.weight", True,
-     lambda c: (c.hidden_size, c.intermediate_size)),
-    (("input_norm",), "input_layernorm.weight", False, lambda c: (c.hidden_size,)),
-    (("post_attn_norm",), "post_attention_layernorm.weight", False, lambda c: (c.hidden_size,)),
+# Each dimension of an HF tensor, named after the config.json field(s) that set it, so a shape
+# mismatch can say which field disagrees with the checkpoint.
+DIMS: dict[str, Callable[[ModelConfig], int]] = {
+    "vocab_size": lambda c: c.vocab_size,
+    "hidden_size": lambda c: c.hidden_size,
+    "intermediate_size": lambda c: c.intermediate_size,
+    "num_attention_heads*head_dim": lambda c: c.q_size,
+    "num_key_value_heads*head_dim": lambda c: c.kv_size,
+}
+_Q, _KV, _H, _I = ("num_attention_heads*head_dim", "num_key_value_heads*head_dim",
+                   "hidden_size", "intermediate_size")
+
+# (our path, HF name pattern, transpose, the HF shape's dimensions as DIMS keys)
+_LAYER_TENSORS: list[tuple[tuple[str, ...], str, bool, tuple[str, ...]]] = [
+    (("attn", "q_w"), "self_attn.q_proj.weight", True, (_Q, _H)),
+    (("attn", "q_b"), "self_attn.q_proj.bias", False, (_Q,)),
+    (("attn", "k_w"), "self_attn.k_proj.weight", True, (_KV, _H)),
+    (("attn", "k_b"), "self_attn.k_proj.bias", False, (_KV,)),
+    (("attn", "v_w"), "self_attn.v_proj.weight", True, (_KV, _H)),
+    (("attn", "v_b"), "self_attn.v_proj.bias", False, (_KV,)),
+    (("attn", "o_w"), "self_attn.o_proj.weight", True, (_H, _Q)),
+    (("mlp", "gate_w"), "mlp.gate_proj.weight", True, (_I, _H)),
+    (("mlp", "up_w"), "mlp.up_proj.weight", True, (_I, _H)),
+    (("mlp", "down_w"), "mlp.down_proj.weight", True, (_H, _I)),
+    (("input_norm",), "input_layernorm.weight", False, (_H,)),
+    (("post_attn_norm",), "post_attention_layernorm.weight", False, (_H,)),
 ]
+_VOCAB = ("vocab_size", "hidden_size")  # embed_tokens and lm_head
+
+
+def shape_of(cfg: ModelConfig, dims: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(DIMS[d](cfg) for d in dims)
+
+
+def expected_tensors(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(HF name, dimensions as DIMS keys) of every tensor the config asks for, non-layer
+    tensors first (their shapes name vocab_size and hidden_size alone)."""
+    out = [("model.embed_tokens.weight", _VOCAB), ("model.norm.weight", (_H,))]
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head.weight", _VOCAB))
+    out += [(f"model.layers.{i}.{hf_name}", dims) for i in range(cfg.num_layers)
+            for _, hf_name, _, dims in _LAYER_TENSORS]
+    return out
 
 
 def params_from_hf(get: Callable[[str], np.ndarray], has: Callable[[str], bool],
@@ -53,11 +79,12 @@ def params_from_hf(get: Callable[[str], np.ndarray], has: Callable[[str], bool],
         return arr.T if transpose else arr
 
     layers: dict = {"attn": {}, "mlp": {}}
-    for path, hf_name, transpose, shape_fn in _LAYER_TENSORS:
-        hf_shape = shape_fn(cfg)
-        shape = hf_shape[::-1] if transpose else hf_shape
-        stacked = np.empty((cfg.num_layers, *shape), np_dtype)
-        for i in range(cfg.num_layers):
+    for path, hf_name, transpose, dims in _LAYER_TENSORS:
+        hf_shape = shape_of(cfg, dims)
+        first = fetch(f"model.layers.0.{hf_name}", hf_shape, transpose)  # before allocating
+        stacked = np.empty((cfg.num_layers, *first.shape), np_dtype)
+        stacked[0] = first
+        for i in range(1, cfg.num_layers):
             stacked[i] = fetch(f"model.layers.{i}.{hf_name}", hf_shape, transpose)
         node = layers
         for key in path[:-1]:
@@ -66,14 +93,12 @@ def params_from_hf(get: Callable[[str], np.ndarray], has: Callable[[str], bool],
         if progress:
             progress()
     params = {
-        "embed": jnp.asarray(fetch("model.embed_tokens.weight",
-                                   (cfg.vocab_size, cfg.hidden_size), False)),
+        "embed": jnp.asarray(fetch("model.embed_tokens.weight", shape_of(cfg, _VOCAB), False)),
         "layers": layers,
         "final_norm": jnp.asarray(fetch("model.norm.weight", (cfg.hidden_size,), False)),
     }
     if not cfg.tie_word_embeddings:
-        params["lm_head"] = jnp.asarray(fetch("lm_head.weight",
-                                              (cfg.vocab_size, cfg.hidden_size), True))
+        params["lm_head"] = jnp.asarray(fetch("lm_head.weight", shape_of(cfg, _VOCAB), True))
     return params
 
 
