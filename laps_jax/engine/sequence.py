@@ -11,6 +11,10 @@ import numpy as np
 from laps_jax.engine.kv_cache import SeqPages
 
 _ids = itertools.count()
+# top-p values under this keep only the likeliest token (the top token of any vocabulary under
+# a million ids has probability over 1e-6), so they mean greedy; float32 would flush the
+# smallest ones to 0, which kept no token and sampled the least likely one
+TOP_P_FLOOR = 1e-6
 
 
 @dataclasses.dataclass
@@ -60,6 +64,9 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     rng: np.random.Generator | None = None  # seeded per request: same seed, same tokens
+    next_u: float | None = None  # uniform drawn for the next sampled token, kept until it is
+                                 # sampled (a retried step reuses it: same seed, same tokens)
+    error: str | None = None     # why the engine could not run it (finish_reason "error")
 
     @property
     def tokens(self) -> list[int]:

@@ -210,5 +210,11 @@ class Dispatcher:
                                 self.counts["aborted"], self.counts["failed"], len(self.live),
                                 [lane.metrics() for lane in self.lanes])
 
+    def stalled(self, after_s: float) -> list[str]:
+        """Lanes that have had work waiting and got nothing done for over `after_s` seconds
+        (a hung step, pages that never come back): what the server's /health reports."""
+        now = self.clock.now()
+        return [lane.name for lane in self.lanes if lane.stalled_for(now) > after_s]
+
     def is_short(self, new_tokens: int, cached: int = 0) -> bool:
         return new_tokens <= self.threshold(cached)

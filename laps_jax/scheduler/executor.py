@@ -57,7 +57,8 @@ class StepExecutor(Protocol):
         """Prompt tokens the prefix cache holds now (a read-only estimate, for routing)."""
 
     async def admit(self, seqs: Seq[Sequence]) -> int:
-        """Admits a prefix of `seqs` in order (pages, cache match); returns how many."""
+        """Admits a prefix of `seqs` in order (pages, cache match); returns how many. One that
+        cannot run for its own reasons counts, finished with reason "error" and no pages."""
 
     async def prefill(self, work: Seq[tuple[Sequence, int]]) -> StepInfo: ...
 
@@ -85,7 +86,11 @@ class Admission:
         growth = sum(self.pages_at_end(s) - len(s.pages.pages) for s in self.live if s.pages)
         return self.pages_at_end(seq) + growth <= self.kv.num_free
 
-    def admit_all(self, seqs: Seq[Sequence], admit: Callable[[Sequence], None]) -> int:
+    def admit_all(self, seqs: Seq[Sequence], admit: Callable[[Sequence], None],
+                  release: Callable[[Sequence, str], None]) -> int:
+        """Admits a prefix of `seqs`; returns its length. A sequence whose own data fails
+        admission is in that prefix, finished with reason "error" (`seq.error` says why) and
+        its pages freed: it is answered, never retried, and the ones after it go on."""
         for i, s in enumerate(seqs):
             if not self.fits(s):
                 return i
@@ -93,6 +98,11 @@ class Admission:
                 admit(s)
             except OutOfPages:
                 return i
+            except Exception as e:  # noqa: BLE001 - this sequence's data, not the engine's
+                s.error = f"{type(e).__name__}: {e}"
+                s.finish_reason = "error"
+                release(s, "error")
+                continue
             self.live.append(s)
         return len(seqs)
 
@@ -130,7 +140,8 @@ class EngineExecutor:
         return len(pages) * self.engine.kv.page_size
 
     async def admit(self, seqs: Seq[Sequence]) -> int:
-        return await self._call(self.admission.admit_all, list(seqs), self.engine.admit)
+        return await self._call(self.admission.admit_all, list(seqs), self.engine.admit,
+                                self.engine.release)
 
     def _timed(self, kind: str, fn, arg, rows: int, width: int, tokens: int) -> StepInfo:
         t0 = time.perf_counter()

@@ -6,6 +6,11 @@ decoding (continuous batching in decode buckets, round robin past the largest bu
 planner's prefill, else it waits on the clock for the planner's time or the next event. Steps
 run on the executor; the loop itself never blocks. A request in flight when it is aborted is
 released as soon as its step returns; any other is released at once.
+
+Failures stay with their request: one that cannot be admitted (a bad seed) or that breaks a
+step (containment.py singles it out) ends with finish_reason "error" and `error` set, its pages
+freed, and is never retried; its batch-mates go on. `last_progress` is when the lane last got
+something done, for the server's watchdog.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Callable
 
 from laps_jax.engine.kv_cache import OutOfPages
 from laps_jax.scheduler.clock import Clock
+from laps_jax.scheduler.containment import run_contained
 from laps_jax.scheduler.executor import StepExecutor
 from laps_jax.scheduler.metrics import LaneCounters, LaneMetrics
 from laps_jax.scheduler.pools import PrefillPlan
@@ -46,11 +52,15 @@ class Lane:
         self._background: set[asyncio.Future] = set()  # releases in flight (keep them alive)
         self._last_decode = 0.0
         self.max_decode = executor.grid.decode_batches[-1]
+        self.last_progress = clock.now()  # a step ran, a request was admitted or failed
+        self._failures = 0  # loop failures in a row (each waits longer before the next try)
 
     # -- from the dispatcher --------------------------------------------------------------
     def submit(self, r: Request) -> None:
         r.lane = self
         r.stats.lane = self.name
+        if not self.has_work():  # an idle lane has not been stuck all the while it idled
+            self.last_progress = self.clock.now()
         self.incoming.append(r)
         self.wake.set()
 
@@ -73,6 +83,10 @@ class Lane:
         return bool(self.incoming or self.decoding or self.inflight or self.moving
                     or any(self.planner.queue_lengths().values()))
 
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the lane last got anything done while work waits (0 when idle)."""
+        return max(0.0, now - self.last_progress) if self.has_work() else 0.0
+
     def metrics(self) -> LaneMetrics:
         q = dict(self.planner.queue_lengths(), admission=len(self.incoming),
                  decode=len(self.decoding))
@@ -92,19 +106,27 @@ class Lane:
                     step_s = await (self._decode() if act == "decode" else self._prefill(act))
                     # what the loop spent around the step: admission, planning, thread hops
                     self.counters.host_seconds += max(0.0, self.clock.now() - start - step_s)
+                    self.last_progress = self.clock.now()
                 else:
                     if self.stopping and not self.has_work():
                         return
+                    if not self.has_work():
+                        self.last_progress = self.clock.now()
                     timeout = None if act is None else act.t - self.clock.now()
                     self.counters.idle_waits += 1
                     await self.clock.wait(self.wake, timeout)
+                self._failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a broken step must not take the lane down with it
-                log.exception("lane %s: step failed", self.name)
+            except Exception as e:  # a broken loop must not take the lane down with it
+                self._failures += 1
+                if self._failures <= 3 or self._failures % 100 == 0:
+                    log.exception("lane %s: loop failed (%d in a row)", self.name, self._failures)
                 self.counters.failed_steps += 1
-                await self._fail(list(self.inflight), "error")
+                await self._fail(list(self.inflight), "error", f"{type(e).__name__}: {e}")
                 self.inflight.clear()
+                # the same failure again at once would only fill the log: back off (up to 1 s)
+                await self.clock.sleep(min(0.01 * 2 ** self._failures, 1.0))
 
     def _next(self, now: float):
         plan = self.planner.plan(now)
@@ -119,9 +141,15 @@ class Lane:
         batch = list(self.incoming)
         n = await self.executor.admit([r.seq for r in batch])
         now = self.clock.now()
+        if n:
+            self.last_progress = now
         for r in batch[:n]:
             if r in self.incoming:
                 self.incoming.remove(r)
+            if r.seq.error is not None:  # its own data failed admission; it holds no pages
+                r.error = r.seq.error
+                self._finish(r, "error")
+                continue
             if r.aborted:
                 await self.executor.release([r.seq], "abort")
                 continue
@@ -135,8 +163,11 @@ class Lane:
         self._last = "prefill"
         self.planner.dispatched(plan, self.clock.now())
         self.inflight = {r for r, _ in plan.work}
-        info = await self.executor.prefill([(r.seq, n) for r, n in plan.work])
-        self.counters.record(info, plan.pool)
+        infos = await run_contained(
+            plan.work, lambda work: self.executor.prefill([(r.seq, n) for r, n in work]),
+            lambda item, e: self._step_failed(item[0], e))
+        for info in infos:
+            self.counters.record(info, plan.pool)
         self.counters.filled_long_tokens += plan.filled_tokens
         self.counters.overload_long_steps += plan.overload
         now = self.clock.now()
@@ -146,13 +177,15 @@ class Lane:
             if r.aborted:
                 await self.executor.release([r.seq], "abort")
                 continue
+            if r.done:  # failed in the step, already answered and released
+                continue
             if r.seq.remaining_prefill == 0:
                 r.stats.prefill_done = now
                 self.planner.remove(r)
                 self._deliver(r, now)
                 if not r.seq.is_finished and not (self.handoff and self.handoff(r)):
                     self.decoding.append(r)
-        return info.seconds
+        return sum(info.seconds for info in infos)
 
     async def _decode(self) -> float:
         self._last = "decode"
@@ -160,18 +193,23 @@ class Lane:
         batch = self.decoding[:self.max_decode]
         self.inflight = set(batch)
         try:
-            info = await self.executor.decode([r.seq for r in batch])
-        except OutOfPages:  # admission should prevent it; fail the newest rather than hang
+            infos = await run_contained(
+                batch, lambda rs: self.executor.decode([r.seq for r in rs]), self._step_failed,
+                passthrough=(OutOfPages,))
+        except OutOfPages as e:  # admission should prevent it; fail the newest rather than hang
             self.inflight = set()
-            await self._fail([batch[-1]], "error")
+            await self._fail([batch[-1]], "error", f"out of KV pages: {e}")
             return 0.0
-        self.counters.record(info)
+        for info in infos:
+            self.counters.record(info)
         now = self.clock.now()
         self.inflight = set()
         ran, kept, aborted = set(batch), [], []
         for r in batch:
             if r.aborted:
                 aborted.append(r)
+                continue
+            if r.done:  # failed in the step, already answered and released
                 continue
             self._deliver(r, now)
             if not r.seq.is_finished:
@@ -181,7 +219,7 @@ class Lane:
         self.decoding = [r for r in self.decoding if r not in ran and not r.aborted] + kept
         if aborted:
             await self.executor.release([r.seq for r in aborted], "abort")
-        return info.seconds
+        return sum(info.seconds for info in infos)
 
     # -- results --------------------------------------------------------------------------
     def _deliver(self, r: Request, now: float) -> None:
@@ -203,11 +241,22 @@ class Lane:
         r.handle._close()
         self.on_finish(r)
 
-    async def _fail(self, reqs: list[Request], reason: str) -> None:
+    async def _step_failed(self, r: Request, e: Exception) -> None:
+        """A step failed with `r` alone in it: `r` fails, and is never run again."""
+        log.error("lane %s: request %s failed in its step and was ended: %s: %s", self.name,
+                  r.stats.request_id, type(e).__name__, e, exc_info=e)
+        self.counters.failed_steps += 1
+        await self._fail([r], "error", f"{type(e).__name__}: {e}")
+
+    async def _fail(self, reqs: list[Request], reason: str, message: str | None = None
+                    ) -> None:
         for r in reqs:
             self.planner.remove(r)
             if r in self.decoding:
                 self.decoding.remove(r)
+            if r in self.incoming:
+                self.incoming.remove(r)
+            r.error = r.error or message
             r.seq.finish_reason = reason
             if r.seq.pages is not None:
                 await self.executor.release([r.seq], reason)

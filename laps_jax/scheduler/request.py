@@ -84,6 +84,7 @@ class Request:
     last_served: float = 0.0     # last prefill chunk (the starvation clock)
     delivered: int = 0           # output tokens already handed to the handle
     aborted: bool = False
+    error: str | None = None     # why it failed (finish_reason "error"), for its client
     lane: "Lane | None" = None
     handle: "RequestHandle | None" = None
 
@@ -121,6 +122,11 @@ class RequestHandle:
     @property
     def tokens(self) -> list[int]:
         return list(self.request.seq.output)
+
+    @property
+    def error(self) -> str | None:
+        """Why the request failed (its stats' finish_reason is then "error"), else None."""
+        return self.request.error
 
     @property
     def finished(self) -> bool:

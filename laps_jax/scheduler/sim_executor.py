@@ -81,7 +81,7 @@ class SimExecutor:
         return len(self.engine.kv.match_prefix(prompt)[0]) * self.engine.kv.page_size
 
     async def admit(self, seqs: Seq[Sequence]) -> int:
-        return self.admission.admit_all(list(seqs), self.engine.admit)
+        return self.admission.admit_all(list(seqs), self.engine.admit, self.engine.release)
 
     async def _step(self, kind: str, shape: StepShape, tokens: int) -> StepInfo:
         key = f"{shape.batch}x{shape.tokens}"

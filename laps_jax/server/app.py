@@ -4,12 +4,20 @@ Handlers validate (protocol.py), hand token ids to the dispatcher, and turn its 
 into JSON or server-sent events (output.py). Every error is a JSON body with a 4xx/5xx status;
 a full queue answers 503 with Retry-After; a client that goes away aborts its request, which
 frees its pages at once.
+
+The event loop only does I/O: JSON decoding, validation, chat templating and tokenizing run on
+a small thread pool (`ServerState.parse_pool`), so a multi-megabyte prompt holds up nobody, and
+/health keeps answering. A request the engine could not run answers 500 `request_failed` (or
+an error event, when streaming) while its batch-mates go on; /health answers 503 when a lane
+has had work waiting and got nothing done for `stall_after_s` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import hmac
 import json
 import logging
@@ -23,6 +31,7 @@ from laps_jax.server.protocol import APIError, GenerationRequest, parse_request
 
 log = logging.getLogger("laps_jax.server")
 DISCONNECT_POLL_S = 0.25
+PARSE_THREADS = 4  # requests decoded and tokenized at once, off the event loop
 
 
 @dataclasses.dataclass
@@ -38,6 +47,9 @@ class ServerState:
     draining: bool = False
     live: int = 0
     metrics: ServerMetrics | None = None
+    read_timeout_s: float | None = 30.0  # longest wait for a request body (None: no limit)
+    stall_after_s: float = 60.0  # /health turns 503 after a lane is stuck this long
+    parse_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 STATE = web.AppKey("state", ServerState)
@@ -53,12 +65,10 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith("/v1/"):
-            got = request.headers.get("Authorization", "")
-            token = got[7:] if got.startswith("Bearer ") else ""
-            if not token or not hmac.compare_digest(token.encode(), state.api_key.encode()):
-                raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
-                               status=401, code="invalid_api_key")
+        if state.api_key and request.path.startswith("/v1/") and not _authorized(
+                request.headers.get("Authorization", ""), state.api_key):
+            raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
+                           status=401, code="invalid_api_key")
         resp = await handler(request)
     except asyncio.CancelledError:  # aiohttp cancels the handler of a client that left
         if state.metrics is not None:
@@ -86,12 +96,48 @@ async def errors_and_auth(request: web.Request, handler):
     return resp
 
 
-async def _read_json(request: web.Request):
-    raw = await request.read()
+def _authorized(header: str, key: str) -> bool:
+    """Bearer-token check on bytes: a header of non-ASCII bytes (which aiohttp hands over with
+    surrogate escapes) is a wrong key, not a UnicodeEncodeError."""
+    token = header[7:] if header.startswith("Bearer ") else ""
+    got = token.encode("utf-8", "surrogateescape") if token else b""
+    return bool(got) and hmac.compare_digest(got, key.encode("utf-8"))
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def decode_json(raw: bytes):
+    """The body as JSON, or a 400 naming what is wrong (never a 500: not for 100,000 nested
+    brackets, a 5,000-digit number, NaN, nor bytes that are not UTF-8)."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise APIError("invalid JSON body: nested too deeply", code="invalid_json") from None
+    except json.JSONDecodeError as e:
         raise APIError(f"invalid JSON body: {e}", code="invalid_json") from None
+    except UnicodeDecodeError:
+        raise APIError("invalid JSON body: not UTF-8 text", code="invalid_json") from None
+    except ValueError as e:  # int(): more digits than Python reads (4300), or NaN/Infinity
+        why = "a number has too many digits" if "digits" in str(e) else str(e)
+        raise APIError(f"invalid JSON body: {why}", code="invalid_json") from None
+
+
+async def _read_body(request: web.Request, timeout: float | None) -> bytes:
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise APIError(f"the request body did not arrive within {timeout:g} s", 408,
+                       "request_timeout") from None
+
+
+def _parse(raw: bytes, kind: str, state: ServerState) -> GenerationRequest:
+    """Runs on the parse pool: decoding, templating and tokenizing are CPU work."""
+    return parse_request(decode_json(raw), kind, vocab_size=state.vocab_size,
+                         tokenizer=state.tokenizer, max_model_len=state.max_model_len,
+                         served_names=state.served_names)
 
 
 def _submit(state: ServerState, req: GenerationRequest):
@@ -136,9 +182,9 @@ async def _events(handle, request: web.Request):
 
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE]
-    body = await _read_json(request)
-    req = parse_request(body, kind, vocab_size=state.vocab_size, tokenizer=state.tokenizer,
-                        max_model_len=state.max_model_len, served_names=state.served_names)
+    raw = await _read_body(request, state.read_timeout_s)
+    req = await asyncio.get_running_loop().run_in_executor(
+        state.parse_pool, functools.partial(_parse, raw, kind, state))
     handle = _submit(state, req)
     state.live += 1
     try:
@@ -150,6 +196,14 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         state.live -= 1
         if handle.finished and state.metrics is not None:
             state.metrics.observe(handle.stats)
+
+
+def _failure(handle) -> APIError | None:
+    """The error of a request the engine could not run (its batch-mates went on)."""
+    if handle.stats.finish_reason != "error":
+        return None
+    return APIError(f"the request failed while it ran: {handle.error or 'engine error'}", 500,
+                    "request_failed")
 
 
 def _finish_reason(stats, text: TextStream) -> str:
@@ -169,6 +223,8 @@ async def _whole(request, state, req: GenerationRequest, handle) -> web.Response
             break
     text.finish()
     stats = await handle.result()
+    if (err := _failure(handle)) is not None:
+        raise err
     out = ResponseBuilder(req.kind, req.model)
     lp = None
     if req.logprobs is not None:
@@ -211,6 +267,11 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
             break
     tail = text.finish()
     stats = await handle.result()
+    if (err := _failure(handle)) is not None:  # the status line went out long ago
+        await send(err.body())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
     await send(out.chunk(out.choice(tail, _finish_reason(stats, text), None, True, first)))
     if req.include_usage:
         await send(out.chunk(None, usage(len(req.prompt_ids), n, stats.cached_tokens)))
@@ -238,6 +299,11 @@ async def health(request: web.Request):
     state = request.app[STATE]
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
+    stalled = state.dispatcher.stalled(state.stall_after_s)
+    if stalled:  # the watchdog: requests wait and nothing moves
+        return web.json_response({"status": "stalled", "lanes": stalled, "message": (
+            f"lane {', '.join(stalled)} got nothing done for over {state.stall_after_s:g} s "
+            f"while requests wait")}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -249,7 +315,15 @@ async def metrics(request: web.Request):
 def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Application:
     app = web.Application(client_max_size=max_request_bytes, middlewares=[errors_and_auth])
     state.metrics = state.metrics or ServerMetrics(state.dispatcher, state.engines)
+    if state.parse_pool is None:
+        state.parse_pool = concurrent.futures.ThreadPoolExecutor(
+            PARSE_THREADS, thread_name_prefix="laps-parse")
     app[STATE] = state
+
+    async def close_pool(_app) -> None:
+        state.parse_pool.shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(close_pool)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

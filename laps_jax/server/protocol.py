@@ -1,7 +1,15 @@
 """OpenAI request validation: JSON bodies -> a `GenerationRequest`, or an `APIError` (4xx).
 
 Every check names the field at fault, so a client sees what to fix; nothing here touches the
-engine, so a rejected request changes nothing.
+engine, so a rejected request changes nothing. Numbers are range-checked in their own type
+before any conversion (a 401-digit temperature is out of range, not an OverflowError) and to
+ranges the executables can hold (int32 top-k, float32 top-p, a uint64-sized seed); text must be
+valid Unicode (no lone surrogates). A prompt whose size alone shows it cannot fit the context is
+refused before it is tokenized (`max_prompt_bytes`). This runs on a worker thread (app.py): a
+large prompt tokenizes without holding up the event loop.
+
+A `top_p` under `TOP_P_FLOOR` (1e-6) keeps only the likeliest token of any vocabulary, so it is
+served as greedy sampling (temperature 0) rather than refused.
 """
 
 from __future__ import annotations
@@ -9,10 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from laps_jax.engine.sequence import SamplingParams
+from laps_jax.engine.sequence import TOP_P_FLOOR, SamplingParams
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20
+SEED_LIMIT = 2 ** 63  # seeds are in [0, 2**63): what numpy's generators take, and int64 holds
+# a token covers at most the tokenizer's longest vocabulary entry; normalizers (NFC) can shrink
+# text a little, so the prompt-size bound keeps this much slack before refusing unread
+SIZE_SLACK = 2
 # OpenAI fields this server does not implement, with the value that asks for nothing: any other
 # value is refused rather than silently ignored (the answer would not be what was asked for)
 NOT_IMPLEMENTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
@@ -62,6 +74,46 @@ def _field(body: dict, name: str, types, default=None, *, allow_none: bool = Tru
     return value
 
 
+def _show(value: Any) -> str:
+    """A value for an error message, cut short (a client's 400-digit number need not come back)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False
+            ) -> float:
+    """A number in [lo, hi] (or (lo, hi]), compared before it becomes a float."""
+    value = _field(body, name, (int, float), default)
+    ok = (lo < value if lo_open else lo <= value) and value <= hi  # NaN fails both
+    if not ok:
+        span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise APIError(f"'{name}' must be in {span}, got {_show(value)}", param=name)
+    return float(value)
+
+
+def _text(value: str, name: str) -> str:
+    """Refuses text that is not valid Unicode (a lone surrogate like "\\ud800" from JSON)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(f"'{name}' is not valid Unicode text (a lone surrogate at character "
+                       f"{e.start})", param=name) from None
+    return value
+
+
+def max_prompt_bytes(tokenizer, max_model_len: int) -> int | None:
+    """UTF-8 bytes past which a text prompt is surely over the context, or None (no bound)."""
+    per_token = getattr(tokenizer, "max_token_bytes", None)
+    return None if not per_token else max_model_len * per_token * SIZE_SLACK
+
+
+def _check_size(nbytes: int, bound: int | None, max_model_len: int, param: str) -> None:
+    if bound is not None and nbytes > bound:
+        raise APIError(f"the prompt is {nbytes} bytes of text, which cannot fit this model's "
+                       f"maximum context length of {max_model_len} tokens", param=param,
+                       code="context_length_exceeded")
+
+
 def _type_name(types) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
              list: "a list", dict: "an object"}
@@ -70,24 +122,25 @@ def _type_name(types) -> str:
 
 
 def parse_sampling(body: dict, default_max_tokens: int | None, max_tokens_limit: int,
-                   kind: str) -> tuple[SamplingParams, list[str], int | None]:
+                   kind: str, vocab_size: int) -> tuple[SamplingParams, list[str], int | None]:
     max_tokens = _field(body, "max_completion_tokens", int, None)
     max_tokens = _field(body, "max_tokens", int, max_tokens)
     if max_tokens is None:
         max_tokens = default_max_tokens if default_max_tokens is not None else max_tokens_limit
     if max_tokens <= 0:
-        raise APIError(f"'max_tokens' must be at least 1, got {max_tokens}", param="max_tokens")
-    temperature = float(_field(body, "temperature", (int, float), 1.0))
-    if not 0 <= temperature <= 2:
-        raise APIError(f"'temperature' must be between 0 and 2, got {temperature}",
-                       param="temperature")
-    top_p = float(_field(body, "top_p", (int, float), 1.0))
-    if not 0 < top_p <= 1:
-        raise APIError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+        raise APIError(f"'max_tokens' must be at least 1, got {_show(max_tokens)}",
+                       param="max_tokens")
+    temperature = _number(body, "temperature", 1.0, 0, 2)
+    top_p = _number(body, "top_p", 1.0, 0, 1, lo_open=True)
+    if top_p < TOP_P_FLOOR:  # keeps one token whatever the distribution: greedy
+        temperature, top_p = 0.0, 1.0
     top_k = _field(body, "top_k", int, 0)
-    if top_k < -1:
-        raise APIError(f"'top_k' must be -1, 0 (no limit) or positive, got {top_k}", param="top_k")
+    if not -1 <= top_k <= vocab_size:
+        raise APIError(f"'top_k' must be -1 or 0 (no limit) or at most the vocabulary size "
+                       f"{vocab_size}, got {_show(top_k)}", param="top_k")
     seed = _field(body, "seed", int, None)
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise APIError(f"'seed' must be in [0, 2**63), got {_show(seed)}", param="seed")
     n = _field(body, "n", int, 1)
     if n != 1:
         raise APIError("only n=1 is supported", param="n", code="unsupported")
@@ -101,9 +154,9 @@ def parse_sampling(body: dict, default_max_tokens: int | None, max_tokens_limit:
     if stop is None:
         stops = []
     elif isinstance(stop, str):
-        stops = [stop]
+        stops = [_text(stop, "stop")]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = list(stop)
+        stops = [_text(s, "stop") for s in stop]
     else:
         raise APIError("'stop' must be a string or a list of strings", param="stop")
     if len(stops) > MAX_STOP or any(not s for s in stops):
@@ -126,7 +179,7 @@ def parse_sampling(body: dict, default_max_tokens: int | None, max_tokens_limit:
     return params, stops, logprobs
 
 
-def parse_prompt(body: dict, vocab_size: int, tokenizer) -> list[int]:
+def parse_prompt(body: dict, vocab_size: int, tokenizer, max_model_len: int) -> list[int]:
     """A completion prompt: a string, a list of token ids, or a one-element list of either."""
     if "prompt" not in body:
         raise APIError("'prompt' is required", param="prompt")
@@ -137,7 +190,11 @@ def parse_prompt(body: dict, vocab_size: int, tokenizer) -> list[int]:
         if tokenizer is None:
             raise APIError("this model has no tokenizer: send 'prompt' as token ids",
                            param="prompt")
+        _check_size(len(_text(prompt, "prompt").encode("utf-8")),
+                    max_prompt_bytes(tokenizer, max_model_len), max_model_len, "prompt")
         ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and len(prompt) >= max_model_len:
+        ids = prompt  # too long whatever it holds: parse_request says so
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                           for t in prompt):
         ids = prompt
@@ -153,10 +210,10 @@ def parse_prompt(body: dict, vocab_size: int, tokenizer) -> list[int]:
                        f"{type(prompt).__name__}", param="prompt")
     if not ids:
         raise APIError("'prompt' is empty", param="prompt")
-    return list(ids)
+    return ids if isinstance(prompt, str) else list(ids)  # a client's list is copied
 
 
-def parse_messages(body: dict, tokenizer) -> list[int]:
+def parse_messages(body: dict, tokenizer, max_model_len: int) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list", param="messages")
@@ -177,6 +234,12 @@ def parse_messages(body: dict, tokenizer) -> list[int]:
             raise APIError(f"messages[{i}].content must be a string", param="messages")
     if tokenizer is None:
         raise APIError("this model has no tokenizer, so it cannot serve chat", code="unsupported")
+    nbytes = 0
+    for i, m in enumerate(messages):
+        for key in ("role", "content"):
+            if isinstance(m.get(key), str):
+                nbytes += len(_text(m[key], f"messages[{i}].{key}").encode("utf-8"))
+    _check_size(nbytes, max_prompt_bytes(tokenizer, max_model_len), max_model_len, "messages")
     try:
         return tokenizer.encode_chat(messages)
     except Exception as e:  # the template refused this conversation
@@ -187,27 +250,32 @@ def parse_request(body: Any, kind: str, *, vocab_size: int, tokenizer, max_model
                   served_names: tuple[str, ...]) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or model not in served_names):
-        raise APIError(f"the model {model!r} does not exist; this server serves "
+    model = _field(body, "model", str, None)
+    if model is not None and model not in served_names:
+        raise APIError(f"the model {_show(model)} does not exist; this server serves "
                        f"{', '.join(served_names)}", status=404, code="model_not_found",
                        param="model")
-    ids = parse_prompt(body, vocab_size, tokenizer) if kind == "completion" else \
-        parse_messages(body, tokenizer)
+    ids = parse_prompt(body, vocab_size, tokenizer, max_model_len) if kind == "completion" \
+        else parse_messages(body, tokenizer, max_model_len)
     if len(ids) >= max_model_len:
         raise APIError(f"the prompt has {len(ids)} tokens; this model's maximum context length "
                        f"is {max_model_len} tokens", param="messages" if kind == "chat"
                        else "prompt", code="context_length_exceeded")
     room = max_model_len - len(ids)
     params, stops, logprobs = parse_sampling(body, 16 if kind == "completion" else None, room,
-                                             kind)
+                                             kind, vocab_size)
     if params.max_tokens > room:
         raise APIError(f"this model's maximum context length is {max_model_len} tokens; the "
                        f"prompt has {len(ids)} and max_tokens asks for {params.max_tokens}",
                        param="max_tokens", code="context_length_exceeded")
     stream = _field(body, "stream", bool, False)
     opts = _field(body, "stream_options", dict, {}) or {}
-    include_usage = bool(opts.get("include_usage", False))
+    include_usage = opts.get("include_usage", False)
+    if include_usage is None:
+        include_usage = False
+    if not isinstance(include_usage, bool):
+        raise APIError(f"'stream_options.include_usage' must be a boolean, got "
+                       f"{type(include_usage).__name__}", param="stream_options.include_usage")
     return GenerationRequest(kind, ids, params, stream, include_usage, stops, logprobs,
                              model or served_names[0],
                              _field(body, "return_token_ids", bool, False))
