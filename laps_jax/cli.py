@@ -4,17 +4,39 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 import time
 
 from laps_jax.config import EngineConfig
+from laps_jax.engine.settings import DEFAULT_MAX_CHUNK
 
 DEFAULT_MODEL = "builtin"
 
 
 def builtin_model_dir() -> str:
-    return os.path.join(os.path.dirname(__file__), "builtin_model")
+    from laps_jax.config import builtin_model_dir as d
+    return d()
+
+
+def setup_logging() -> None:
+    """Library warnings print as `WARNING name: message`, not as bare lines."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every flag's default once. A help text that ends in "(default: ...)" explains a
+    `None` default; where a script sets a real default instead, that value replaces it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS \
+                or isinstance(action.default, bool) or "%(default)" in text:
+            return text
+        if text.endswith(")") and "(default: " in text:
+            text = text[:text.rindex("(default: ")].rstrip()
+        return text + " (default: %(default)s)"
 
 
 def add_engine_args(ap: argparse.ArgumentParser, default_model: str | None = DEFAULT_MODEL):
@@ -33,24 +55,23 @@ def add_engine_args(ap: argparse.ArgumentParser, default_model: str | None = DEF
                         "depth); unroll: one weight set per layer, faster on the CPU where the "
                         "scan copies each layer's weights (default: unroll on CPU, scan on GPU)")
     g.add_argument("--max-model-len", type=int, default=e.max_model_len,
-                   help=f"longest prompt + output in tokens (default {e.max_model_len}; capped at "
-                        "the model's context, a RoPE extension such as YaRN included)")
+                   help="longest prompt + output in tokens; more than the model's context is "
+                        "capped at it (default: the model's context, a RoPE extension such as "
+                        "YaRN included, or what the KV pool holds if that is less)")
     g.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
-                   help=f"KV page pool capacity in tokens (default {e.kv_cache_tokens})")
+                   help="KV page pool capacity in tokens; must hold --max-model-len "
+                        "(default %(default)s)")
     g.add_argument("--page-size", type=int, default=e.page_size,
-                   help=f"tokens per KV page (default {e.page_size})")
+                   help="tokens per KV page (default %(default)s)")
     g.add_argument("--max-chunk", type=int, default=e.max_chunk,
-                   help=f"largest prefill bucket in new tokens per sequence (default {e.max_chunk})")
+                   help="largest prefill bucket in new tokens per sequence; longer prompts run "
+                        f"in chunks; at most --max-model-len (default: {DEFAULT_MAX_CHUNK}, or "
+                        "the context if shorter)")
     g.add_argument("--max-prefill-batch", type=int, default=e.max_prefill_batch,
-                   help=f"sequences per prefill bucket (default {e.max_prefill_batch})")
+                   help="sequences per prefill bucket (default %(default)s)")
     g.add_argument("--max-decode-batch", type=int, default=e.max_decode_batch,
-                   help=f"sequences per decode bucket (default {e.max_decode_batch})")
-    g.add_argument("--dot-tuning-tokens", type=int, default=e.dot_tuning_tokens,
-                   help="CPU only: prefill buckets of at least this many tokens per row are also "
-                        "compiled with oneDNN matmuls at start-up, both are timed on a warm-up "
-                        "batch and the faster is kept (up to 1.15x on long prefills of small "
-                        "models, slower on others); 0 skips it and starts faster "
-                        f"(default {e.dot_tuning_tokens})")
+                   help="sequences per decode bucket (default %(default)s)")
+    g.add_argument("--dot-tuning-tokens", type=int, default=0, help=argparse.SUPPRESS)
     g.add_argument("--compile-cache", default=None,
                    help="persistent XLA compilation cache directory "
                         "(default $LAPS_JAX_CACHE_DIR or ~/.cache/laps_jax/xla)")
@@ -58,12 +79,30 @@ def add_engine_args(ap: argparse.ArgumentParser, default_model: str | None = DEF
 
 
 def engine_config_from_args(args) -> EngineConfig:
-    return EngineConfig(page_size=args.page_size, kv_cache_tokens=args.kv_cache_tokens,
+    """The engine settings the flags ask for, made concrete for --model's config (read from
+    config.json alone: no weights are loaded). Raises SettingsError (one line) for settings
+    that cannot work together."""
+    from laps_jax.config import resolve_model
+    from laps_jax.engine.settings import SettingsError, resolve
+    if getattr(args, "dot_tuning_tokens", 0):  # an experiment that could crash the process
+        raise SettingsError("--dot-tuning-tokens was removed: XLA's experimental oneDNN dots "
+                            "could crash the process at start-up; every bucket uses XLA's own")
+    ecfg = EngineConfig(page_size=args.page_size, kv_cache_tokens=args.kv_cache_tokens,
                         max_model_len=args.max_model_len, max_chunk=args.max_chunk,
                         max_prefill_batch=args.max_prefill_batch,
                         max_decode_batch=args.max_decode_batch,
-                        attention_backend=args.attention_backend,
-                        layer_loop=args.layer_loop, dot_tuning_tokens=args.dot_tuning_tokens)
+                        attention_backend=args.attention_backend, layer_loop=args.layer_loop)
+    return resolve(ecfg, resolve_model(args.model)[0])
+
+
+def describe_engine(engine) -> str:
+    """One line: the context, the KV pool and the bucket grid an engine compiled."""
+    e, g = engine.ecfg, engine.grid
+    span = lambda xs: f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else f"{xs[0]}"
+    return (f"context {e.max_model_len} tokens, KV pool {e.kv_cache_tokens} tokens "
+            f"({e.num_pages - 1} pages of {e.page_size}); buckets: prefill "
+            f"{span(g.prefill_batches)} x {span(g.prefill_tokens)} tokens (budget "
+            f"{g.max_batch_tokens}), decode {span(g.decode_batches)}")
 
 
 @dataclasses.dataclass
@@ -75,9 +114,22 @@ class BuiltEngine:
     compile_seconds: float
 
 
+def _bar(desc: str):
+    """A tqdm callback `progress(done, total)` and the bar to close."""
+    from tqdm import tqdm
+    bar = tqdm(desc=desc, unit="bucket", file=sys.stderr, leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+    return bar, progress
+
+
 def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
                  log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> BuiltEngine:
-    """Loads the model and tokenizer, builds the engine and compiles every bucket."""
+    """Checks the settings, loads the model and tokenizer, builds the engine and (with
+    `warmup`) compiles every bucket and runs each once."""
+    ecfg = engine_config_from_args(args)  # refuses bad settings before loading anything
     import jax
 
     from laps_jax.engine.engine import Engine
@@ -86,27 +138,37 @@ def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
     from laps_jax.server.tokenizer import Tokenizer
 
     cache_dir = enable_persistent_cache(args.compile_cache)
-    spec = builtin_model_dir() if args.model == "builtin" else args.model
     dtype = args.dtype or ("bfloat16" if jax.default_backend() == "gpu" else "float32")
     t0 = time.perf_counter()
-    loaded = load_model(spec, dtype)
+    loaded = load_model(args.model, dtype)
     tokenizer = Tokenizer(loaded.model_dir) if loaded.model_dir else None
     eos = tokenizer.eos_token_ids if tokenizer else ()
-    engine = Engine(loaded.cfg, loaded.params, engine_config_from_args(args), eos)
+    engine = Engine(loaded.cfg, loaded.params, ecfg, eos)
     t1 = time.perf_counter()
     log(f"loaded {args.model} ({loaded.cfg.num_params() / 1e6:.1f}M params, {dtype}) "
         f"in {t1 - t0:.1f} s")
+    log(describe_engine(engine))
     if warmup:
-        from tqdm import tqdm
-        with tqdm(desc="compiling buckets", unit="bucket", file=sys.stderr, leave=False) as bar:
-            def progress(done: int, total: int) -> None:
-                bar.total = total
-                bar.update(done - bar.n)
-            engine.warmup(prompt_logprobs, progress)
-    t2 = time.perf_counter()
-    log(f"compiled and ran once {len(engine.runner.executables)} bucket executables in "
-        f"{t2 - t1:.1f} s (persistent compilation cache: {cache_dir}; later starts reuse it)")
-    for choice in engine.runner.dot_choices:
-        log(f"matmul library for {choice.describe()}")
+        warm_up(engine, prompt_logprobs, log, cache_dir)
+    spec = loaded.model_dir or args.model
     return BuiltEngine(engine, tokenizer, os.path.basename(os.path.normpath(spec)),
-                       t1 - t0, t2 - t1)
+                       t1 - t0, time.perf_counter() - t1)
+
+
+def warm_up(engine, prompt_logprobs: bool, log, cache_dir: str | None = None,
+            buckets=None) -> None:
+    """Compiles (a progress bar) and runs once (another) every bucket, or just `buckets`."""
+    from laps_jax.engine import compile_cache
+    t0, cached_before = time.perf_counter(), compile_cache.stats()
+    buckets = engine.runner.all_buckets(prompt_logprobs) if buckets is None else buckets
+    bar, progress = _bar("compiling buckets")
+    with bar:
+        engine.runner.compile(buckets, progress)
+    t1 = time.perf_counter()
+    where = (f" (persistent compilation cache {cache_dir}: "
+             f"{(compile_cache.stats() - cached_before).describe()})") if cache_dir else ""
+    log(f"compiled {len(buckets)} bucket executables in {t1 - t0:.1f} s{where}")
+    bar, progress = _bar("running each once")
+    with bar:
+        engine.runner.prime(buckets, progress)
+    log(f"ran each bucket once in {time.perf_counter() - t1:.1f} s")

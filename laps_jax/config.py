@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A model directory or config.json that laps_jax cannot use."""
+from laps_jax.config_fields import ConfigError, Fields, parse_int, shown
 
 
 ROPE_KINDS = ("default", "linear", "yarn")
@@ -38,41 +37,50 @@ class RopeScaling:
             raise ConfigError("RoPE yarn needs original_max_position_embeddings > 0")
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "RopeScaling | None":
+    def from_hf_dict(cls, cfg: dict[str, Any],
+                     where: str = "config.json") -> "RopeScaling | None":
         """From `rope_scaling` (Qwen2.5 model cards, transformers 4) or `rope_parameters`
         (transformers 5); None for plain RoPE. Anything laps_jax would compute differently
-        from transformers is refused, naming the field."""
+        from transformers is refused, naming the field and `where` (the file)."""
+        top = Fields(cfg, where)
         scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
         if scaling is not None and not isinstance(scaling, dict):
-            raise ConfigError(f"config.json: rope_scaling must be an object or null, got "
+            raise ConfigError(f"{where}: rope_scaling must be an object or null, got "
                               f"{type(scaling).__name__}")
-        p = scaling or params or {}
-        if not isinstance(p, dict) or any(isinstance(v, dict) for v in p.values()):
-            raise ConfigError("config.json: rope_scaling / rope_parameters must be one object "
-                              "(per-layer RoPE settings are not supported)")
-        kind = p.get("rope_type") or p.get("type") or "default"
+        key = "rope_scaling" if scaling else "rope_parameters"
+        p = top.nested(key) or Fields({}, where)
+        if any(isinstance(v, dict) for v in p.obj.values()):
+            raise ConfigError(f"{where}: {key} must be one flat object (per-layer RoPE "
+                              "settings are not supported)")
+        kind = p.obj.get("rope_type") or p.obj.get("type") or "default"
         if kind not in ROPE_KINDS:
-            raise ConfigError(f"config.json: RoPE type {kind!r} is not supported (laps_jax "
-                              f"implements {', '.join(ROPE_KINDS)})")
-        partial = p.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-        if partial not in (None, 1, 1.0):
-            raise ConfigError(f"config.json: partial_rotary_factor={partial} is not supported "
-                              "(Qwen2 rotates the whole head)")
+            raise ConfigError(f"{where}: {key}.rope_type: RoPE type {shown(kind)} is not "
+                              f"supported (laps_jax implements {', '.join(ROPE_KINDS)})")
+        partial = p.obj.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if partial not in (None, 1, 1.0) or isinstance(partial, bool):
+            raise ConfigError(f"{where}: partial_rotary_factor={shown(partial)} is not "
+                              "supported (Qwen2 rotates the whole head)")
         if kind == "default":
             return None
-        factor = p.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
-            raise ConfigError(f"config.json: RoPE {kind} needs a positive 'factor', got {factor!r}")
+        factor = p.obj.get("factor")
+        try:
+            ok = (not isinstance(factor, bool) and isinstance(factor, (int, float))
+                  and 0 < float(factor) < math.inf)
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise ConfigError(f"{where}: {key}.factor: RoPE {kind} needs a positive 'factor', "
+                              f"got {shown(factor)}")
         if kind == "linear":
             return cls("linear", float(factor))
-        original = p.get("original_max_position_embeddings",
-                         cfg.get("original_max_position_embeddings",
-                                 cfg.get("max_position_embeddings", 32768)))
-        opt = lambda name: None if p.get(name) is None else float(p[name])
-        return cls("yarn", float(factor), int(original),
-                   float(p.get("beta_fast") or 32.0), float(p.get("beta_slow") or 1.0),
-                   opt("attention_factor"), opt("mscale"), opt("mscale_all_dim"),
-                   bool(p.get("truncate", True)))
+        original = (p.integer("original_max_position_embeddings", None)
+                    or top.integer("original_max_position_embeddings", None)
+                    or top.integer("max_position_embeddings", 32768))
+        return cls("yarn", float(factor), original,
+                   p.number("beta_fast", 32.0, positive=False) or 32.0,  # 0 = default, as HF
+                   p.number("beta_slow", 1.0, positive=False) or 1.0,
+                   p.number("attention_factor", None), p.number("mscale", None, positive=False),
+                   p.number("mscale_all_dim", None, positive=False), p.boolean("truncate", True))
 
     def to_hf_dict(self) -> dict[str, Any]:
         d = {"rope_type": self.kind, "factor": self.factor}
@@ -84,21 +92,40 @@ class RopeScaling:
         return {k: v for k, v in d.items() if v is not None}
 
 
-def _check_supported(cfg: dict[str, Any], num_layers: int) -> None:
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_types(f: Fields, num_layers: int) -> list[str] | None:
+    """`layer_types` when given: one known attention kind per layer (transformers refuses a
+    list whose length is not num_hidden_layers, and so does laps_jax)."""
+    types = f.obj.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or any(t not in LAYER_TYPES for t in types):
+        raise f.error("layer_types", f"must be a list of {' / '.join(LAYER_TYPES)}, got "
+                                     f"{shown(types)}")
+    if len(types) != num_layers:
+        raise f.error("layer_types", f"has {len(types)} entries but num_hidden_layers is "
+                                     f"{num_layers}")
+    return types
+
+
+def _check_supported(f: Fields, num_layers: int, max_positions: int) -> None:
     """Qwen2 options that would change the math: refused rather than silently ignored."""
-    act = cfg.get("hidden_act", "silu")
+    act = f.obj.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"config.json: hidden_act {act!r} is not supported (Qwen2 uses silu)")
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") and window and window < cfg.get(
-            "max_position_embeddings", 32768):
-        types = cfg.get("layer_types") or [
-            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
-            for i in range(num_layers)]
-        if "sliding_attention" in types:
-            raise ConfigError(f"config.json: sliding-window attention (use_sliding_window, "
-                              f"window {window}) is not supported; laps_jax attends to the "
-                              "whole context in every layer")
+        raise ConfigError(f"{f.where}: hidden_act {shown(act)} is not supported (Qwen2 uses "
+                          "silu)")
+    window = f.integer("sliding_window", None, minimum=0)
+    use = f.boolean("use_sliding_window", False)
+    first_sliding = f.integer("max_window_layers", 28, minimum=0)
+    types = _layer_types(f, num_layers) or [
+        "sliding_attention" if i >= first_sliding else "full_attention"
+        for i in range(num_layers)]
+    if use and window and window < max_positions and "sliding_attention" in types:
+        raise ConfigError(f"{f.where}: sliding-window attention (use_sliding_window, "
+                          f"window {window}) is not supported; laps_jax attends to the "
+                          "whole context in every layer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,35 +190,49 @@ class ModelConfig:
         return 2.0 * (self.num_params() - self.vocab_size * self.hidden_size)
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any], name: str = "custom") -> "ModelConfig":
+    def from_hf_dict(cls, cfg: Any, name: str = "custom",
+                     where: str = "config.json") -> "ModelConfig":
+        """Reads a decoded config.json, checking every field's type, range and consistency;
+        each error is one line naming the field and `where` (the file)."""
+        f = Fields(cfg, where)
         model_type = cfg.get("model_type")
         if model_type not in ("qwen2",):
-            raise ConfigError(f"unsupported model_type {model_type!r}: laps_jax serves 'qwen2' "
-                              "(Qwen2 / Qwen2.5) checkpoints")
+            raise ConfigError(f"{where}: unsupported model_type {shown(model_type)}: laps_jax "
+                              "serves 'qwen2' (Qwen2 / Qwen2.5) checkpoints")
+        heads, hidden = f.integer("num_attention_heads"), f.integer("hidden_size")
+        layers = f.integer("num_hidden_layers")
+        kv_heads = f.integer("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise f.error("num_key_value_heads", f"({kv_heads}) must divide "
+                                                 f"num_attention_heads ({heads})")
+        if f.present("head_dim"):
+            head_dim = f.integer("head_dim")
+        elif hidden % heads:
+            raise f.error("hidden_size", f"({hidden}) is not a multiple of num_attention_heads "
+                                         f"({heads}); a config like this must set head_dim")
+        else:
+            head_dim = hidden // heads
+        if head_dim % 2:
+            raise f.error("head_dim", f"must be even (RoPE rotates pairs), got {head_dim}")
+        if f.present("rope_theta"):
+            theta = f.number("rope_theta")
+        else:
+            params = f.nested("rope_parameters")
+            theta = params.number("rope_theta", 10000.0) if params else 10000.0
+        max_positions = f.integer("max_position_embeddings", 32768)
+        _check_supported(f, layers, max_positions)
+        fields = dict(
+            vocab_size=f.integer("vocab_size"), hidden_size=hidden,
+            intermediate_size=f.integer("intermediate_size"), num_layers=layers,
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=theta,
+            rms_norm_eps=f.number("rms_norm_eps", 1e-6),
+            tie_word_embeddings=f.boolean("tie_word_embeddings", False),
+            max_position_embeddings=max_positions, name=name,
+            rope_scaling=RopeScaling.from_hf_dict(cfg, where))
         try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            _check_supported(cfg, int(cfg["num_hidden_layers"]))
-            theta = cfg.get("rope_theta")
-            if theta is None:
-                theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rope_theta=float(theta),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-                name=name,
-                rope_scaling=RopeScaling.from_hf_dict(cfg),
-            )
-        except KeyError as e:
-            raise ConfigError(f"config.json is missing required field {e.args[0]!r}") from None
+            return cls(**fields)
+        except ConfigError as e:  # __post_init__'s checks, which name no file
+            raise ConfigError(f"{where}: {e}") from None
 
     @classmethod
     def from_model_dir(cls, path: str) -> "ModelConfig":
@@ -199,11 +240,13 @@ class ModelConfig:
         if not os.path.isfile(cfg_path):
             raise ConfigError(f"{cfg_path}: missing file (a model directory needs config.json)")
         try:
-            with open(cfg_path) as f:
-                cfg = json.load(f)
-        except json.JSONDecodeError as e:
+            with open(cfg_path, "rb") as f:
+                cfg = json.loads(f.read(), parse_int=parse_int)
+        except OSError as e:
+            raise ConfigError(f"{cfg_path}: cannot read ({e.strerror})") from None
+        except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, 5,000-digit numbers
             raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from None
-        return cls.from_hf_dict(cfg, name=os.path.basename(os.path.normpath(path)))
+        return cls.from_hf_dict(cfg, os.path.basename(os.path.normpath(path)), cfg_path)
 
     def to_hf_dict(self) -> dict[str, Any]:
         return {
@@ -234,24 +277,36 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+BUILTIN = "builtin"  # the small checkpoint shipped in the package (docs/BUILTIN_MODEL.md)
+
+
+def builtin_model_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin_model")
+
+
 def resolve_model(spec: str) -> tuple[ModelConfig, str | None]:
-    """A preset name gives (config, None); a directory gives (config, dir)."""
+    """A preset name gives (config, None); a directory or 'builtin' gives (config, dir)."""
+    if spec == BUILTIN:
+        spec = builtin_model_dir()
     if spec in PRESETS:
         return PRESETS[spec], None
     if os.path.isdir(spec):
         return ModelConfig.from_model_dir(spec), spec
-    raise ConfigError(f"--model {spec!r} is neither a model directory nor a preset "
+    raise ConfigError(f"--model {spec!r} is neither a model directory, 'builtin' nor a preset "
                       f"(presets: {', '.join(sorted(PRESETS))})")
 
 
 @dataclasses.dataclass
 class EngineConfig:
-    """How the engine lays out its KV cache and which shapes it compiles."""
+    """How the engine lays out its KV cache and which shapes it compiles. `None` sizes follow
+    the model (engine/settings.py makes them concrete, or refuses what cannot work)."""
 
     page_size: int = 16
     kv_cache_tokens: int = 65536      # capacity of the page pool, in tokens
-    max_model_len: int = 4096         # prompt + output tokens of one sequence
-    max_chunk: int = 2048             # largest prefill bucket (new tokens per sequence)
+    max_model_len: int | None = None  # prompt + output tokens of one sequence (None: the
+                                      # model's context, or the KV pool if smaller)
+    max_chunk: int | None = None      # largest prefill bucket, new tokens per sequence (None:
+                                      # 2048, or max_model_len if shorter)
     min_chunk: int = 16               # smallest prefill bucket
     max_prefill_batch: int = 8        # sequences per prefill bucket
     max_decode_batch: int = 32        # sequences per decode bucket
@@ -259,9 +314,6 @@ class EngineConfig:
     attention_backend: str | None = None  # None = pallas on GPU, xla on CPU
     layer_loop: str | None = None         # None = unroll on CPU, scan on GPU (qwen2.LAYER_LOOPS)
     enable_prefix_cache: bool = True
-    # CPU: prefill buckets of at least this many tokens per row keep XLA's default dots or
-    # oneDNN's, whichever ran faster at warm-up (engine/dot_tuning.py); 0 = never try oneDNN
-    dot_tuning_tokens: int = 1024
 
     @property
     def num_pages(self) -> int:

@@ -2,9 +2,8 @@
 """Prefill and decode speed of laps_jax against Hugging Face transformers (torch, CPU) on the same
 random checkpoint, in one process, plus achieved GFLOP/s against the measured matmul rate.
 
-laps_jax runs as a server would after warm-up (every bucket compiled and run once; on the CPU
-the long-prefill buckets keep XLA's or oneDNN's matmuls, whichever was faster there:
-engine/dot_tuning.py). The two sides take turns (one untimed call, then --block timed ones;
+laps_jax runs as a server would after warm-up (every bucket compiled and run once, XLA's own
+matmuls). The two sides take turns (one untimed call, then --block timed ones;
 repeated) and the speedup is the median of the per-turn ratios, so a noisy neighbour slows both
 sides alike. The untimed call matters: right after a switch the other library's threads still
 hold the two cores (torch's OpenMP workers busy-wait after each parallel region), and with one
@@ -19,7 +18,6 @@ never imports them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -79,9 +77,6 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=3,
                     help="timed calls per turn, after one untimed call (1: plain alternation, "
                          "no untimed call)")
-    ap.add_argument("--dot-tuning-tokens", type=int, default=None,
-                    help="engine setting: prefill buckets this long or longer try oneDNN "
-                         "matmuls at warm-up (0: XLA's only; default: the engine's)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -109,12 +104,8 @@ def main(argv=None) -> int:
     ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + sum(mixed) + 8192,
                         max_model_len=longest, max_chunk=max(lengths), max_prefill_batch=1,
                         max_decode_batch=max(batches + [len(mixed)]))
-    if args.dot_tuning_tokens is not None:
-        ecfg.dot_tuning_tokens = args.dot_tuning_tokens
     eng = Engine(cfg, params, ecfg)
-    eng.warmup()  # as a server starts: every bucket, long ones timed with oneDNN dots too
-    for choice in eng.runner.dot_choices:
-        print(f"matmul library for {choice.describe()}", file=sys.stderr)
+    eng.warmup()  # as a server starts: every bucket compiled and run once
     peak = matmul_rate()
     print(f"{args.model}: {cfg.num_params() / 1e6:.1f}M params; jax float32 matmul "
           f"{peak:.0f} GFLOP/s; torch threads {torch.get_num_threads()}; "
@@ -153,9 +144,7 @@ def main(argv=None) -> int:
               f"{r['transformers_tok_s']:.0f} | {r['speedup']:.2f}x | {g} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "matmul_gflops": peak, "rows": rows,
-                       "dot_choices": [dict(dataclasses.asdict(c), library=c.library)
-                                       for c in eng.runner.dot_choices]}, f, indent=1)
+            json.dump({"model": args.model, "matmul_gflops": peak, "rows": rows}, f, indent=1)
     return 0
 
 

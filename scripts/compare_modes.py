@@ -16,15 +16,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from laps_jax.cli import add_engine_args, engine_config_from_args  # noqa: E402
+from laps_jax.cli import DefaultsHelpFormatter, add_engine_args, engine_config_from_args  # noqa: E402
 from laps_jax.scheduler.policy import ORDERS, SchedulerConfig  # noqa: E402
 
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=DefaultsHelpFormatter)
     add_engine_args(ap)
-    ap.set_defaults(model="bench-cpu", max_chunk=512, max_decode_batch=16, kv_cache_tokens=32768)
+    ap.set_defaults(model="bench-cpu", max_model_len=4096, max_chunk=512, max_decode_batch=16,
+                    kv_cache_tokens=32768)
     g = ap.add_argument_group("workload")
     g.add_argument("--trace", required=True, help="trace file (Azure CSV, Mooncake or sessions JSONL)")
     g.add_argument("--trace-format", required=True, choices=("azure", "mooncake", "sessions"),
@@ -173,10 +174,8 @@ def main_http(args) -> int:
         serve_args += ["--layer-loop", e.layer_loop]
     if e.attention_backend:
         serve_args += ["--attention-backend", e.attention_backend]
-    from laps_jax.cli import builtin_model_dir
     from laps_jax.config import resolve_model
-    spec = builtin_model_dir() if args.model == "builtin" else args.model
-    vocab = resolve_model(spec)[0].vocab_size
+    vocab = resolve_model(args.model)[0].vocab_size
     work = load_workload(args.trace, args.trace_format, TraceOptions(
         max_requests=args.max_requests, length_scale=args.length_scale,
         time_scale=args.time_scale or 1.0, vocab_size=vocab, max_len=e.max_model_len - 1,
@@ -194,6 +193,11 @@ def main_http(args) -> int:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    try:
+        engine_config_from_args(args)  # settings that cannot work: refused before compiling
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.http:
         return main_http(args)
     from laps_jax.scheduler.compare import CompareOptions, run_comparison

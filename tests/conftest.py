@@ -31,6 +31,12 @@ CHECKPOINTS = {
     # 7 query heads on one kv head (Qwen2.5-0.5B and -7B group 7 query heads per kv head)
     "gqa7_one_kv": dict(hidden_size=112, num_heads=7, num_kv_heads=1, intermediate_size=160,
                         rope_theta=1e6, seed=5),
+    # head_dim 64 with as many kv heads as query heads (MHA), tied embeddings
+    "mha_hd64_tied": dict(hidden_size=128, num_heads=2, num_kv_heads=2, tie_word_embeddings=True,
+                          intermediate_size=160, rope_theta=1e6, seed=7),
+    # head_dim 128 (every Qwen2.5 from 7B up) with 8 query heads on one kv head
+    "gqa8_hd128": dict(hidden_size=128, num_heads=8, num_kv_heads=1, head_dim=128,
+                       intermediate_size=160, rope_theta=1e6, seed=8),
     # YaRN as the Qwen2.5 model cards enable it, scaled down: prompts run past the "original"
     # 64-token context, and the attention factor (1.14) scales every score
     "yarn_gqa2": dict(num_heads=4, num_kv_heads=2, rope_theta=10000.0, seed=6,

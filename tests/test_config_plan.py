@@ -46,7 +46,7 @@ def test_config_errors_name_the_problem(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         resolve_model(str(tmp_path))
-    with pytest.raises(ConfigError, match="neither a model directory nor a preset"):
+    with pytest.raises(ConfigError, match="neither a model directory, 'builtin' nor a preset"):
         resolve_model("no-such-model")
 
 

@@ -18,7 +18,9 @@ from laps_jax.engine.executables import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
 from laps_jax.engine.kv_transfer import KVTransfer
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
-from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
+from laps_jax.engine.settings import resolve as resolve_settings
+from laps_jax.engine.sequence import (TOP_P_FLOOR, SamplingParams, Sequence, Status,
+                                      TokenLogprobs)
 from laps_jax.models.qwen2 import default_layer_loop
 from laps_jax.pallas_kernels import default_backend
 
@@ -32,13 +34,15 @@ class PagedSequences:
     kv: KVCacheManager
 
     def admit(self, seq: Sequence) -> None:
-        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages."""
+        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages, or
+        ValueError for a bad seed; either way before any page is taken, so nothing leaks."""
+        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
+        rng = np.random.default_rng(seed)
         pages = self.kv.allocate(seq.prompt)
         seq.pages, seq.num_computed = pages, pages.cached_len
         seq.cached_tokens = pages.cached_len
         seq.status = Status.PREFILL
-        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
-        seq.rng = np.random.default_rng(seed)
+        seq.rng = rng
 
     def release(self, seq: Sequence, reason: str | None = None) -> None:
         """Frees a sequence's pages (finished, aborted or disconnected)."""
@@ -54,11 +58,7 @@ class Engine(PagedSequences):
     def __init__(self, cfg: ModelConfig, params: dict, ecfg: EngineConfig | None = None,
                  eos_token_ids: Iterable[int] = ()):
         self.cfg = cfg
-        self.ecfg = ecfg = ecfg or EngineConfig()
-        if ecfg.max_model_len > cfg.max_context:
-            log.warning("max_model_len %d is over the model's context; using %d",
-                        ecfg.max_model_len, cfg.max_context)
-            ecfg.max_model_len = cfg.max_context
+        self.ecfg = ecfg = resolve_settings(ecfg or EngineConfig(), cfg)
         self.grid = BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
                                        ecfg.max_decode_batch, ecfg.min_chunk,
                                        ecfg.max_batch_tokens)
@@ -66,8 +66,7 @@ class Engine(PagedSequences):
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,
                                   attention_backend=ecfg.attention_backend or default_backend(),
-                                  layer_loop=ecfg.layer_loop or default_layer_loop(params),
-                                  dot_tuning_tokens=ecfg.dot_tuning_tokens)
+                                  layer_loop=ecfg.layer_loop or default_layer_loop(params))
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         # KV hand-off (laps-spatial): its copies compile in transfer.warmup(), which the
@@ -87,6 +86,9 @@ class Engine(PagedSequences):
             raise ValueError(f"token id {bad[0]} is outside the vocabulary "
                              f"[0, {self.cfg.vocab_size})")
         limit = self.ecfg.max_model_len
+        if max_tokens == 0 and len(prompt) > limit:
+            raise ValueError(f"the prompt is {len(prompt)} tokens, longer than the context of "
+                             f"{limit} tokens (--max-model-len)")
         if len(prompt) + max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
                              f"the maximum context length of {limit} tokens")
@@ -94,9 +96,20 @@ class Engine(PagedSequences):
     # -- steps ----------------------------------------------------------------------------
     def _input(self, seq: Sequence, start: int, n: int, next_token: int = -1) -> SeqInput:
         p = seq.params
-        u = float(seq.rng.random()) if p.temperature > 0 and start + n >= len(seq.prompt) else 0.0
+        u = 0.0
+        if p.temperature > 0 and start + n >= len(seq.prompt):
+            # drawn once per token and kept until the step succeeds: a step the scheduler
+            # retries without a failed batch-mate samples with the same number
+            if seq.next_u is None:
+                seq.next_u = float(seq.rng.random())
+            u = seq.next_u
+        # the executables take int32 top-k and float32 top-p: a top-k past the vocabulary is no
+        # limit, and a top-p under the floor keeps only the likeliest token (as greedy does)
+        # instead of flushing to 0 and keeping none
+        top_k = min(p.top_k, self.cfg.vocab_size)
+        top_p = max(p.top_p, TOP_P_FLOOR)
         return SeqInput(seq.token_slice(start, start + n), start, seq.pages.pages, p.temperature,
-                        p.top_k, p.top_p, u, next_token)
+                        top_k, top_p, u, next_token)
 
     def prefill(self, work: Seq[tuple[Sequence, int]], prompt_logprobs: bool = False,
                 sample: bool = True) -> list[SeqOutput]:
@@ -109,6 +122,7 @@ class Engine(PagedSequences):
             inputs.append(self._input(seq, start, n, nxt))
         outs = self.runner.run(inputs, prompt_logprobs)
         for (seq, n), out in zip(work, outs):
+            seq.next_u = None
             seq.num_computed += n
             self.kv.commit(seq.pages, seq.prompt[:seq.num_computed])
             if seq.num_computed == len(seq.prompt):
@@ -126,6 +140,7 @@ class Engine(PagedSequences):
             self.kv.grow(s.pages, s.num_tokens)
         outs = self.runner.run([self._input(s, s.num_tokens - 1, 1) for s in seqs])
         for s, out in zip(seqs, outs):
+            s.next_u = None
             s.num_computed = s.num_tokens
             self._append(s, out)
         return outs

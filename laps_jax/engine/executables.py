@@ -25,7 +25,10 @@ _lock = threading.Lock()
 
 
 def enable_persistent_cache(path: str | None = None) -> str:
-    """Turns on JAX's persistent compilation cache (minimum compile time 0)."""
+    """Turns on JAX's persistent compilation cache (minimum compile time 0), with unreadable
+    entries replaced and hits counted (engine/compile_cache.py)."""
+    from laps_jax.engine import compile_cache
+    compile_cache.install()
     path = path or os.environ.get("LAPS_JAX_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "laps_jax", "xla")
     os.makedirs(path, exist_ok=True)
@@ -85,8 +88,12 @@ class BucketGrid:
     @classmethod
     def default(cls, max_chunk: int = 2048, max_prefill_batch: int = 8, max_decode_batch: int = 32,
                 min_tokens: int = 16, max_batch_tokens: int | None = None) -> "BucketGrid":
-        return cls(pow2_range(1, max_prefill_batch), pow2_range(min_tokens, max_chunk),
-                   pow2_range(1, max_decode_batch), max_batch_tokens or max_chunk)
+        budget = max_batch_tokens or max_chunk
+        min_tokens = min(min_tokens, max_chunk)
+        # a batch size with no bucket under the budget is never compiled nor planned
+        batches = [b for b in pow2_range(1, max_prefill_batch) if b * min_tokens <= budget]
+        return cls(batches or [1], pow2_range(min_tokens, max_chunk),
+                   pow2_range(1, max_decode_batch), budget)
 
     def prefill_buckets(self, prompt_logprobs: bool = False) -> list[Bucket]:
         return list(self._prefill_buckets(prompt_logprobs))
@@ -145,23 +152,14 @@ class ExecutableCache:
         self.compiles_after_warmup = 0
         self.compile_seconds = 0.0
 
-    def compile_variant(self, bucket: Bucket, options: dict | None = None):
-        """The bucket compiled with these XLA compiler options (not stored: see `replace`)."""
+    def _compile(self, bucket: Bucket):
         fn, args = self._build(bucket)
         t0 = time.perf_counter()
-        exe = fn.lower(*args).compile(compiler_options=options)
+        exe = fn.lower(*args).compile()
         with _lock:
             self.compile_seconds += time.perf_counter() - t0
-        return exe
-
-    def _compile(self, bucket: Bucket):
-        exe = self.compile_variant(bucket)
-        self.replace(bucket, exe)
-        return exe
-
-    def replace(self, bucket: Bucket, exe) -> None:
-        with _lock:
             self._compiled[bucket] = exe
+        return exe
 
     def warmup(self, buckets: list[Bucket], progress: Callable[[int, int], None] | None = None,
                workers: int | None = None):

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from laps_jax.config import ModelConfig
-from laps_jax.engine.dot_tuning import DotChoice, choose_dots, tunable
 from laps_jax.engine.executables import Bucket, BucketGrid, ExecutableCache
 from laps_jax.engine.sampling import SampleOut, SamplingArrays, sample
 from laps_jax.models.qwen2 import (LAYER_LOOPS, Batch, forward_hidden, last_hidden, lm_logits,
@@ -81,7 +80,7 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, params: dict, *, num_pages: int, page_size: int = 16,
                  max_model_len: int = 4096, grid: BucketGrid | None = None,
                  attention_backend: str = "xla", kv_dtype=None, mesh=None,
-                 layer_loop: str = "scan", dot_tuning_tokens: int = 0):
+                 layer_loop: str = "scan"):
         if layer_loop not in LAYER_LOOPS:
             raise ValueError(f"unknown layer loop {layer_loop!r}; choose one of {LAYER_LOOPS}")
         if isinstance(params["layers"], list) and layer_loop == "scan":
@@ -111,8 +110,6 @@ class ModelRunner:
             self.v_cache = zeros((cfg.num_layers, *shape))
         self.executables = ExecutableCache(self._build)
         self.stats = RunnerStats()
-        self.dot_tuning_tokens = dot_tuning_tokens
-        self.dot_choices: list[DotChoice] = []  # what warm-up's timing chose (dot_tuning.py)
 
     # -- compilation --------------------------------------------------------------------
     def _build(self, bucket: Bucket):
@@ -129,23 +126,33 @@ class ModelRunner:
                 jax.tree.map(abstract, self.v_cache), batch, sampling, i32(B, T))
         return fn, args
 
-    def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
+    def all_buckets(self, prompt_logprobs: bool = False) -> list[Bucket]:
+        """Every shape a server runs: prefill and decode (and prompt log-prob prefill)."""
         buckets = self.grid.prefill_buckets() + self.grid.decode_buckets()
         if prompt_logprobs:
             buckets += self.grid.prefill_buckets(True)
-        self.executables.warmup(buckets, progress)
-        self.prime(buckets)
-        self.tune_dots(buckets)
+        return buckets
 
-    def prime(self, buckets: Sequence[Bucket]) -> None:
+    def compile(self, buckets: Sequence[Bucket], progress=None) -> None:
+        self.executables.warmup(list(buckets), progress)
+
+    def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
+        buckets = self.all_buckets(prompt_logprobs)
+        self.compile(buckets, progress)
+        self.prime(buckets)
+
+    def prime(self, buckets: Sequence[Bucket], progress=None) -> None:
         """Runs every executable once on a full batch whose pages are all the trash page 0 (no
         sequence's K/V is touched). XLA's first execution of a compiled program costs 60-200 ms
         more than later ones on this CPU (16-token prefill: 84 ms first, 9 ms after); without
         this the first requests after start-up paid it, and a capacity burst run first measured
         7.1 instead of 11.2 requests/s. The rows are full (not 0 tokens): code inside the
         attention loops only warms up when it runs."""
-        for bucket in sorted(set(buckets)):
+        todo = sorted(set(buckets))
+        for i, bucket in enumerate(todo):
             self.run_trash(bucket, self.executables.get(bucket))
+            if progress:
+                progress(i + 1, len(todo))
 
     def run_trash(self, bucket: Bucket, exe) -> None:
         """One step of `exe` on full rows whose K/V all goes to the trash page 0; waits."""
@@ -155,17 +162,6 @@ class ModelRunner:
         out, _, self.k_cache, self.v_cache = exe(self.params, self.k_cache, self.v_cache, batch,
                                                  sampling, targets)
         jax.block_until_ready(out)
-
-    def tune_dots(self, buckets: Sequence[Bucket]) -> None:
-        """On the CPU, long-prefill buckets keep XLA's or oneDNN's dots, whichever ran their
-        warm-up batch faster (dot_tuning.py)."""
-        platform = jax.tree.leaves(self.params)[0].devices().pop().platform
-        for bucket in sorted(set(buckets)):
-            if tunable(bucket, self.dot_tuning_tokens, platform):
-                choice = choose_dots(self.executables, bucket,
-                                     functools.partial(self.run_trash, bucket))
-                if choice is not None:
-                    self.dot_choices.append(choice)
 
     # -- running ------------------------------------------------------------------------
     def bucket_for(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False) -> Bucket:

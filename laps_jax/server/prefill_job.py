@@ -38,26 +38,44 @@ class JobItem:
 class JobSummary:
     requests: int = 0
     failed: int = 0
+    skipped: int = 0              # lines an earlier run wrote (--resume)
     prompt_tokens: int = 0
     computed_tokens: int = 0
     cached_tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0          # prefill, compiles excluded
+    compile_seconds: float = 0.0  # the buckets this input needed that were not compiled yet
+    compiled: int = 0
     padding_fraction: float = 0.0
 
     def format(self) -> str:
         tps = self.computed_tokens / self.seconds if self.seconds else 0.0
-        return (f"requests {self.requests} (failed {self.failed}) | prompt tokens "
-                f"{self.prompt_tokens} (computed {self.computed_tokens}, from prefix cache "
-                f"{self.cached_tokens}) | {self.seconds:.2f} s | {tps:.1f} tokens/s | padding "
-                f"{100 * self.padding_fraction:.1f}%")
+        skipped = f", {self.skipped} already written" if self.skipped else ""
+        return (f"requests {self.requests} (failed {self.failed}{skipped}) | compiled "
+                f"{self.compiled} buckets in {self.compile_seconds:.1f} s | prefill "
+                f"{self.seconds:.2f} s: prompt tokens {self.prompt_tokens} (computed "
+                f"{self.computed_tokens}, from prefix cache {self.cached_tokens}), "
+                f"{tps:.1f} tokens/s, padding {100 * self.padding_fraction:.1f}%")
 
 
-def parse_line(line_no: int, line: str, tokenizer, engine: Engine) -> JobItem:
-    """One input line -> a JobItem holding token ids or the reason it cannot run."""
+def parse_line(line_no: int, raw: bytes | str, tokenizer, engine: Engine) -> JobItem:
+    """One input line -> a JobItem holding token ids or the reason it cannot run. Nothing in
+    a line (bytes, nesting, numbers, fields) can fail more than that line."""
     try:
-        obj = json.loads(line)
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        return JobItem(line_no, None, error=f"line {line_no}: not valid UTF-8 (byte "
+                                            f"{e.start}: {e.reason})")
+    if not text.strip():
+        return JobItem(line_no, None, error=f"line {line_no}: blank line (expected a JSON "
+                                            "object)")
+    try:
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
         return JobItem(line_no, None, error=f"line {line_no}: invalid JSON ({e.msg})")
+    except RecursionError:
+        return JobItem(line_no, None, error=f"line {line_no}: JSON nested too deeply")
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        return JobItem(line_no, None, error=f"line {line_no}: invalid JSON ({e})")
     if not isinstance(obj, dict):
         return JobItem(line_no, None, error=f"line {line_no}: expected a JSON object")
     item = JobItem(line_no, obj.get("id", line_no))
@@ -89,7 +107,18 @@ def parse_line(line_no: int, line: str, tokenizer, engine: Engine) -> JobItem:
         item.prompt = list(ids)
     except Exception as e:  # every problem stays on its own line
         item.error = f"line {line_no}: {e}"
+    if item.error is not None and not _json_safe(item.id):
+        item.id = None
     return item
+
+
+def _json_safe(value) -> bool:
+    """An id we can write back (a huge or deep one from a broken line is dropped)."""
+    try:
+        json.dumps(value)
+        return True
+    except (ValueError, RecursionError, TypeError):
+        return False
 
 
 def shared_prefixes(prompts: list[list[int]], page_size: int) -> list[list[int]]:
@@ -144,9 +173,7 @@ class PrefillJob:
             plan = eng.prefill_plan([it.seq for it in active])
             if not plan:
                 break
-            step = plan[0]
-            outs = eng.prefill(step, self.prompt_lp, sample=False)
-            for (seq, n), out in zip(step, outs):
+            for seq, n, out in self._prefill_contained(plan[0], seqs):
                 it = seqs[id(seq)]
                 if self.prompt_lp:
                     it.prompt_lps.extend(out.target_logprobs.tolist())
@@ -154,7 +181,21 @@ class PrefillJob:
                     self._finish(it, out)
                     if bar is not None:
                         bar.update(1)
-            active = [it for it in active if it.result is None]
+            active = [it for it in active if it.result is None and it.error is None]
+
+    def _prefill_contained(self, step, items: dict) -> list:
+        """Runs one step; if it fails, each of its sequences alone, so a line whose prefill
+        fails gets that error and the others go on. [(seq, n, output)] of what ran."""
+        try:
+            outs = self.engine.prefill(step, self.prompt_lp, sample=False)
+            return [(seq, n, out) for (seq, n), out in zip(step, outs)]
+        except Exception as e:  # noqa: BLE001 - contained to the lines of this step
+            if len(step) > 1:
+                return [r for work in step for r in self._prefill_contained([work], items)]
+            it = items[id(step[0][0])]
+            it.error = f"line {it.line_no}: prefill failed: {str(e).splitlines()[0][:300]}"
+            self.engine.release(it.seq, "abort")
+            return []
 
     def _admit(self, it: JobItem) -> None:
         eng, seq = self.engine, it.seq
@@ -183,33 +224,81 @@ class PrefillJob:
         it.result = res
         self.engine.release(seq, "stop")
 
-    def run(self, lines: Iterable[str], tokenizer, out: TextIO, progress: bool = True
-            ) -> JobSummary:
+    def run(self, lines: Iterable[bytes | str], tokenizer, out: TextIO, progress: bool = True,
+            skip: int = 0, window: int = 256) -> JobSummary:
+        """Validates every line first, then prefills them `window` lines at a time and writes
+        (and flushes) each window's output lines in input order, one per input line, so an
+        interrupted job keeps what it finished. `skip`: lines an earlier run wrote."""
         eng = self.engine
+        lines = list(lines)
+        items = [parse_line(i + 1, _strip_eol(raw), tokenizer, eng)
+                 for i, raw in enumerate(lines) if i >= skip]
+        summary = JobSummary(requests=len(lines), skipped=min(skip, len(lines)))
+        stats, cache = eng.runner.stats, eng.runner.executables
+        real0, bucket0, hits0 = stats.real_tokens, stats.bucket_tokens, eng.kv.hit_tokens
+        compile0, compiled0 = cache.compile_seconds, len(cache)
         t0 = time.perf_counter()
-        items = [parse_line(i + 1, line, tokenizer, eng)
-                 for i, line in enumerate(lines) if line.strip()]
-        good = [it for it in items if it.error is None]
-        real0, bucket0 = eng.runner.stats.real_tokens, eng.runner.stats.bucket_tokens
-        hits0 = eng.kv.hit_tokens
-        prefixes = shared_prefixes([it.prompt for it in good], eng.ecfg.page_size)
-        if prefixes:  # compute each shared history once; later prompts find it cached
-            self._run([JobItem(-1, None, prompt=p + [0]) for p in prefixes])
-            hits0 = eng.kv.hit_tokens
-        with tqdm(total=len(good), desc="prefill", unit="req", disable=not progress) as bar:
-            self._run(good, bar)
-        summary = JobSummary(requests=len(items))
-        for it in items:
-            if it.result is None:
-                summary.failed += 1
-                out.write(json.dumps({"id": it.id, "error": it.error or "not run"}) + "\n")
-            else:
-                summary.prompt_tokens += len(it.prompt)
-                out.write(json.dumps(it.result) + "\n")
-        stats = eng.runner.stats
+        todo = items
+        good = sum(it.error is None for it in todo)
+        with tqdm(total=good, desc="prefill", unit="req", disable=not progress) as bar:
+            for w in range(0, len(todo), window):
+                part = todo[w:w + window]
+                self._run_window([it for it in part if it.error is None], bar)
+                for it in part:
+                    if it.result is None:
+                        summary.failed += 1
+                        out.write(json.dumps({"id": it.id, "error": it.error or "not run"})
+                                  + "\n")
+                    else:
+                        summary.prompt_tokens += len(it.prompt)
+                        out.write(json.dumps(it.result) + "\n")
+                out.flush()
         summary.computed_tokens = stats.real_tokens - real0
         summary.cached_tokens = eng.kv.hit_tokens - hits0
         bucket = stats.bucket_tokens - bucket0
         summary.padding_fraction = 1 - summary.computed_tokens / bucket if bucket else 0.0
-        summary.seconds = time.perf_counter() - t0
+        summary.compile_seconds = cache.compile_seconds - compile0
+        summary.compiled = len(cache) - compiled0
+        summary.seconds = time.perf_counter() - t0 - summary.compile_seconds
         return summary
+
+    def _run_window(self, good: list[JobItem], bar) -> None:
+        eng = self.engine
+        prefixes = shared_prefixes([it.prompt for it in good], eng.ecfg.page_size)
+        if prefixes:  # compute each shared history once; later prompts find it cached
+            self._run([JobItem(-1, None, prompt=p + [0]) for p in prefixes])
+        self._run(good, bar)
+
+
+def _strip_eol(raw: bytes | str):
+    return raw.rstrip(b"\r\n") if isinstance(raw, bytes) else raw.rstrip("\r\n")
+
+
+def _line_id(line_no: int, raw: bytes):
+    """The id parse_line gives a line, without tokenizing it (None for a broken line)."""
+    try:
+        obj = json.loads(_strip_eol(raw).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return obj.get("id", line_no) if isinstance(obj, dict) else None
+
+
+def resume_point(written: list[bytes], inputs: list[bytes]) -> int:
+    """How many input lines an earlier run's output already answers: its complete lines, each
+    checked to carry the id of the input line at its place (a cut-off last line is dropped).
+    Raises ValueError when the output is not an earlier run of this input."""
+    n = 0
+    for k, raw in enumerate(written):
+        if not raw.endswith(b"\n"):
+            break  # an interrupted write
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            raise ValueError(f"--resume: output line {k + 1} is not JSON") from None
+        want = _line_id(k + 1, inputs[k]) if k < len(inputs) else None
+        if k >= len(inputs) or not isinstance(row, dict) or row.get("id") != want:
+            got = row.get("id") if isinstance(row, dict) else row
+            raise ValueError(f"--resume: output line {k + 1} (id {got!r}) does not "
+                             f"answer input line {k + 1}; is this the output of this input?")
+        n += 1
+    return n

@@ -15,7 +15,7 @@ import time
 
 from aiohttp import web
 
-from laps_jax.cli import add_engine_args, build_engine
+from laps_jax.cli import add_engine_args, build_engine, setup_logging, warm_up
 from laps_jax.scheduler.policy import ORDERS, SchedulerConfig
 
 
@@ -36,7 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-request-bytes", type=int, default=4 << 20,
                    help="largest request body in bytes (default 4 MiB); larger get 413")
     g.add_argument("--shutdown-timeout", type=float, default=60.0,
-                   help="seconds to let in-flight requests finish after SIGTERM")
+                   help="seconds to let in-flight requests finish after SIGTERM; then those "
+                        "still running are aborted (streams end with finish_reason 'abort') "
+                        "and the server exits")
+    g.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client may take to send a request's headers, and again its "
+                        "body (default 30; 0: no limit); slower connections are closed, a slow "
+                        "body gets 408")
     s = ap.add_argument_group("scheduler")
     s.add_argument("--mode", choices=("laps", "laps-spatial", "mixed"), default="laps",
                    help="laps: short and long prefill pools on one device (default); "
@@ -62,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(args, log) -> int:
     from laps_jax.scheduler.dispatcher import Dispatcher
     from laps_jax.server.app import ServerState, create_app
+    from laps_jax.server.http_runner import make_runner
+    from laps_jax.server.shutdown import shut_down
 
     t0 = time.perf_counter()
     if args.latency_profile:  # a wrong path fails now, not after minutes of compiling
@@ -78,30 +86,35 @@ async def serve(args, log) -> int:
         if len(jax.devices()) > 1:
             params = jax.device_put(params, jax.devices()[1])
         long_engine = Engine(e.cfg, params, e.ecfg, e.eos_token_ids)
-        long_engine.warmup()
+        log("laps-spatial: the long pool's engine")
+        warm_up(long_engine, False, log)
         engines.append(long_engine)
     model = None
     if args.latency_profile:
         from laps_jax.scheduler.profiling import load_profile
+        log(f"latency profile {args.latency_profile}: timing some of its shapes"
+            if not args.no_rescale_profile else f"latency profile {args.latency_profile}")
         model, f = load_profile(args.latency_profile, built.engine, not args.no_rescale_profile)
         if f is not None:
             log(f"latency profile rescaled: its shapes run {f:.2f}x their profiled time here")
     dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold,
                                                                      order=args.order),
                             long_engine=long_engine, latency_model=model)
+    if dispatcher.kv_handoff:
+        log("compiling and running the KV hand-off copies")
     await dispatcher.start()
     name = args.served_model_name or built.model_name
     state = ServerState(dispatcher, engines, built.tokenizer, built.engine.cfg.vocab_size,
                         built.engine.ecfg.max_model_len, (name,), args.api_key, args.max_queue)
     app = create_app(state, args.max_request_bytes)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = make_runner(app, args.read_timeout or None, access_log=None,
+                         handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     url = f"http://{args.host}:{args.port}"
-    log(f"serving {name} at {url}/v1 (mode {args.mode}); start-up took "
-        f"{time.perf_counter() - t0:.1f} s")
-    log(f"ready: {url}")
+    log(f"serving {name} at {url}/v1 (mode {args.mode})")
+    log(f"ready: {url} (start-up took {time.perf_counter() - t0:.1f} s)")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -109,19 +122,14 @@ async def serve(args, log) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log("shutting down: finishing requests in flight")
-    state.draining = True
-    deadline = time.monotonic() + args.shutdown_timeout
-    while state.live and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    await dispatcher.stop(drain=True)
-    await runner.cleanup()
+    await shut_down(state, dispatcher, runner, args.shutdown_timeout, log)
     log("stopped")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     try:
         return asyncio.run(serve(args, log))

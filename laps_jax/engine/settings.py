@@ -1,0 +1,78 @@
+"""Engine settings made concrete for one model, or refused before anything is compiled.
+
+The bucket grid follows from the context: the context defaults to the model's own (a RoPE
+extension included) or what the KV pool holds if that is less; the largest prefill bucket
+defaults to 2,048 tokens or the context if that is shorter. Settings that cannot work together
+(a context longer than the KV pool, a bucket longer than the context, more sequences per batch
+than the pool has pages) raise `SettingsError`, one line naming the flags and the limit: at
+start-up, not minutes later when a warm-up batch does not fit its pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from laps_jax.config import ConfigError, EngineConfig, ModelConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CHUNK = 2048
+
+# EngineConfig field -> the command-line flag users set it with (messages name the flag)
+FLAGS = {"page_size": "--page-size", "kv_cache_tokens": "--kv-cache-tokens",
+         "max_model_len": "--max-model-len", "max_chunk": "--max-chunk",
+         "max_prefill_batch": "--max-prefill-batch", "max_decode_batch": "--max-decode-batch",
+         "min_chunk": "min_chunk", "max_batch_tokens": "max_batch_tokens"}
+
+
+class SettingsError(ConfigError):
+    """Engine settings that cannot work together (one line, the flags and the limit named)."""
+
+
+def _positive(ecfg: EngineConfig) -> None:
+    for field, flag in FLAGS.items():
+        v = getattr(ecfg, field)
+        if v is None and field in ("max_model_len", "max_chunk", "max_batch_tokens"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise SettingsError(f"{flag} must be a positive integer, got {v!r}")
+
+
+def resolve(ecfg: EngineConfig, model: ModelConfig) -> EngineConfig:
+    """A copy of `ecfg` with every size concrete and consistent with `model`; idempotent."""
+    _positive(ecfg)
+    ps = ecfg.page_size
+    pool = (ecfg.kv_cache_tokens // ps) * ps  # tokens the usable pages hold (page 0 is trash)
+    pages = pool // ps
+    if pages == 0:
+        raise SettingsError(f"--kv-cache-tokens {ecfg.kv_cache_tokens} holds no KV page of "
+                            f"--page-size {ps} tokens")
+    pool_desc = f"--kv-cache-tokens {ecfg.kv_cache_tokens} (page size {ps}) holds {pool} tokens"
+    context = model.max_context
+    max_len = ecfg.max_model_len
+    if max_len is None:
+        max_len = min(context, pool)
+        if max_len < context:
+            log.info("context %d tokens: what the KV pool holds (the model's is %d)",
+                     max_len, context)
+    elif max_len > context:
+        log.warning("--max-model-len %d is over the model's context; using %d", max_len, context)
+        max_len = context
+    if max_len > pool:
+        raise SettingsError(f"--max-model-len {max_len} does not fit the KV pool: {pool_desc}; "
+                            f"raise --kv-cache-tokens or lower --max-model-len")
+    chunk = ecfg.max_chunk
+    if chunk is None:
+        chunk = min(DEFAULT_MAX_CHUNK, max_len)
+    elif chunk > max_len:
+        why = "--max-model-len" if ecfg.max_model_len is not None else "the context"
+        raise SettingsError(f"--max-chunk {chunk} is longer than {why}, {max_len} tokens: "
+                            "no prompt could fill it; lower --max-chunk")
+    for flag, batch in (("--max-prefill-batch", ecfg.max_prefill_batch),
+                        ("--max-decode-batch", ecfg.max_decode_batch)):
+        if batch > pages:
+            raise SettingsError(f"{flag} {batch} needs at least {batch} KV pages (one a "
+                                f"sequence): {pool_desc}, {pages} pages")
+    return dataclasses.replace(ecfg, max_model_len=max_len, max_chunk=chunk,
+                               min_chunk=min(ecfg.min_chunk, chunk))
