@@ -51,11 +51,12 @@ def test_import_without_room_changes_nothing():
     params = init_params(CFG, seed=6)
     big = Engine(CFG, params, EngineConfig(page_size=8, kv_cache_tokens=1024, max_model_len=256,
                                            max_chunk=64, max_prefill_batch=1, max_decode_batch=1))
-    small = Engine(CFG, params, EngineConfig(page_size=8, kv_cache_tokens=32, max_model_len=256,
+    small = Engine(CFG, params, EngineConfig(page_size=8, kv_cache_tokens=256, max_model_len=256,
                                              max_chunk=64, max_prefill_batch=1,
                                              max_decode_batch=1))
     for e in (big, small):
         e.transfer.warmup()
+    small.kv.allocate(list(range(1000, 1224)))  # 28 of its 32 pages held: no room for 8
     seq = Sequence(list(range(10, 70)), SamplingParams(max_tokens=4))
     big.admit(seq)
     big.prefill([(seq, 60)])

@@ -116,3 +116,66 @@ def test_cli_help_and_bad_args():
                           "--model", "tiny", "--input", "x", "--output", "y",
                           "--top-logprobs", "50"], capture_output=True, text=True)
     assert out.returncode == 2 and "between 0 and 20" in out.stderr
+
+
+def test_every_input_line_gets_its_line_in_order(checkpoint, tmp_path, monkeypatch):
+    """Broken bytes, blank lines, deep nesting, a 5,000-digit number and a line whose prefill
+    fails sit among good lines: each gets its own line, in order, and the good ones their
+    results (the same as when run alone)."""
+    path = checkpoint("gqa2_untied")
+    good = [json.dumps({"id": f"g{i}", "prompt_token_ids": list(range(5 + i, 40 + 3 * i))})
+            for i in range(4)]
+    boom = json.dumps({"id": "boom", "prompt_token_ids": [7] * 21})
+    raw = [good[0].encode(), b"\xff\xfe not utf-8", b"", good[1].encode(), b"[" * 100000,
+           b'{"id": "big", "prompt_token_ids": [' + b"9" * 5000 + b"]}", boom.encode(),
+           b"   ", good[2].encode(), good[3].encode()]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b"\n".join(raw) + b"\n")
+    from laps_jax.engine import runner as runner_mod
+    pack = runner_mod.ModelRunner.pack
+
+    def failing_pack(self, seqs, bucket):  # the row of 21 sevens breaks any step it is in
+        if any(len(s.new_tokens) == 21 and set(s.new_tokens) == {7} for s in seqs):
+            raise RuntimeError("injected failure")
+        return pack(self, seqs, bucket)
+    monkeypatch.setattr(runner_mod.ModelRunner, "pack", failing_pack)
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import prefill_batch
+    assert prefill_batch.main(["--model", path, "--input", str(inp), "--output", str(out),
+                               *SMALL, "--window", "4"]) == 0
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert len(rows) == len(raw)
+    assert [r.get("id") for r in rows] == ["g0", None, None, "g1", None, None, "boom", None,
+                                           "g2", "g3"]
+    assert "UTF-8" in rows[1]["error"] and "line 2" in rows[1]["error"]
+    assert "blank" in rows[2]["error"] and "blank" in rows[7]["error"]
+    assert "nested too deeply" in rows[4]["error"]
+    assert "line 6" in rows[5]["error"]
+    assert "injected failure" in rows[6]["error"]
+    monkeypatch.setattr(runner_mod.ModelRunner, "pack", pack)
+    alone = run_job(path, good, tmp_path, name="alone")
+    for r, a in zip([rows[i] for i in (0, 3, 8, 9)], alone):
+        np.testing.assert_allclose(r["top_logprobs"], a["top_logprobs"], atol=1e-5)
+
+
+def test_resume_carries_on_after_an_interrupted_run(checkpoint, tmp_path):
+    path = checkpoint("gqa2_untied")
+    lines = [json.dumps({"id": i, "prompt_token_ids": list(range(3, 10 + i))}) for i in range(6)]
+    full = run_job(path, lines, tmp_path, name="full")
+    inp, out = tmp_path / "r.in.jsonl", tmp_path / "r.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    text = (tmp_path / "full.jsonl").read_text().splitlines(keepends=True)
+    out.write_text("".join(text[:2]) + text[2][:15])  # two lines, then a cut-off write
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import prefill_batch
+    assert prefill_batch.main(["--model", path, "--input", str(inp), "--output", str(out),
+                               *SMALL, "--resume"]) == 0
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(6))
+    for r, f in zip(rows, full):
+        np.testing.assert_allclose(r["top_logprobs"], f["top_logprobs"], atol=1e-5)
+    other = tmp_path / "other.jsonl"  # not this input's output: refused, nothing appended
+    other.write_text(json.dumps({"id": "zzz"}) + "\n")
+    assert prefill_batch.main(["--model", path, "--input", str(inp), "--output", str(other),
+                               *SMALL, "--resume"]) == 2
+    assert other.read_text() == json.dumps({"id": "zzz"}) + "\n"

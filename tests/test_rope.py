@@ -114,7 +114,7 @@ def test_engine_serves_the_extended_context_and_caps_past_it(caplog):
     cfg = dataclasses.replace(PRESETS["tiny"], max_position_embeddings=1024,
                               rope_scaling=RopeScaling("linear", 2.0))
     params = init_params(cfg)
-    small = dict(kv_cache_tokens=1024, max_chunk=64, max_prefill_batch=1, max_decode_batch=1)
+    small = dict(kv_cache_tokens=2048, max_chunk=64, max_prefill_batch=1, max_decode_batch=1)
     assert Engine(cfg, params, EngineConfig(max_model_len=1500, **small)).ecfg.max_model_len == 1500
     with caplog.at_level("WARNING"):
         eng = Engine(cfg, params, EngineConfig(max_model_len=5000, **small))

@@ -22,6 +22,7 @@ from typing import Callable
 from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.executables import BucketGrid, enable_persistent_cache
+from laps_jax.engine.settings import resolve as resolve_settings
 from laps_jax.scheduler import report
 from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
 from laps_jax.scheduler.cpu_meter import run_unbusy
@@ -224,6 +225,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     if len({v.name for v in o.variants}) != len(o.variants):
         raise ValueError("two variants share a name")
     os.makedirs(o.output_dir, exist_ok=True)
+    o = dataclasses.replace(o, ecfg=resolve_settings(o.ecfg, resolve_model(o.model)[0]))
     if o.simulate:
         if not o.profile:
             raise ValueError("--simulate needs --profile (the latency model to simulate with)")

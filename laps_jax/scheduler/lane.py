@@ -52,7 +52,9 @@ class Lane:
         self._background: set[asyncio.Future] = set()  # releases in flight (keep them alive)
         self._last_decode = 0.0
         self.max_decode = executor.grid.decode_batches[-1]
-        self.last_progress = clock.now()  # a step ran, a request was admitted or failed
+        # a step ran, a request was admitted or failed (None: not yet; a lane may be built
+        # before its event loop runs, and a simulated clock reads the loop's time)
+        self.last_progress: float | None = None
         self._failures = 0  # loop failures in a row (each waits longer before the next try)
 
     # -- from the dispatcher --------------------------------------------------------------
@@ -85,7 +87,9 @@ class Lane:
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the lane last got anything done while work waits (0 when idle)."""
-        return max(0.0, now - self.last_progress) if self.has_work() else 0.0
+        if self.last_progress is None or not self.has_work():
+            return 0.0
+        return max(0.0, now - self.last_progress)
 
     def metrics(self) -> LaneMetrics:
         q = dict(self.planner.queue_lengths(), admission=len(self.incoming),

@@ -50,8 +50,9 @@ class JobSummary:
     def format(self) -> str:
         tps = self.computed_tokens / self.seconds if self.seconds else 0.0
         skipped = f", {self.skipped} already written" if self.skipped else ""
-        return (f"requests {self.requests} (failed {self.failed}{skipped}) | compiled "
-                f"{self.compiled} buckets in {self.compile_seconds:.1f} s | prefill "
+        return (f"requests {self.requests} (failed {self.failed}{skipped}) | "
+                f"{self.compiled} buckets compiled (or read from the compilation cache) in "
+                f"{self.compile_seconds:.1f} s | prefill "
                 f"{self.seconds:.2f} s: prompt tokens {self.prompt_tokens} (computed "
                 f"{self.computed_tokens}, from prefix cache {self.cached_tokens}), "
                 f"{tps:.1f} tokens/s, padding {100 * self.padding_fraction:.1f}%")
