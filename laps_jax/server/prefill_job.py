@@ -19,6 +19,7 @@ from tqdm import tqdm
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.kv_cache import OutOfPages, block_hash
 from laps_jax.engine.sequence import SamplingParams, Sequence, Status
+from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
 
 MAX_TOP_LOGPROBS = 20
 
@@ -80,32 +81,25 @@ def parse_line(line_no: int, raw: bytes | str, tokenizer, engine: Engine) -> Job
     if not isinstance(obj, dict):
         return JobItem(line_no, None, error=f"line {line_no}: expected a JSON object")
     item = JobItem(line_no, obj.get("id", line_no))
-    try:
+    try:  # the HTTP server's own validation: the same input is refused alike, same message
+        limit, vocab = engine.ecfg.max_model_len, engine.cfg.vocab_size
         if "prompt_token_ids" in obj:
             ids = obj["prompt_token_ids"]
-            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                    for t in ids):
+            if not isinstance(ids, list):
                 raise ValueError("prompt_token_ids must be a list of integers")
-        elif "prompt" in obj or "messages" in obj:
-            if tokenizer is None:
-                raise ValueError("this model has no tokenizer (a preset): give prompt_token_ids")
-            if "prompt" in obj:
-                if not isinstance(obj["prompt"], str):
-                    raise ValueError("prompt must be a string")
-                ids = tokenizer.encode(obj["prompt"]) if obj["prompt"] else []
-            else:
-                msgs = obj["messages"]
-                if not isinstance(msgs, list) or not msgs:
-                    raise ValueError("messages must be a non-empty list")
-                for m in msgs:
-                    if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                            or not isinstance(m.get("content"), str):
-                        raise ValueError("each message needs a string role and string content")
-                ids = tokenizer.encode_chat(msgs)
+            ids = parse_prompt({"prompt": ids}, vocab, tokenizer, limit + 1)
+        elif "prompt" in obj:
+            if not isinstance(obj["prompt"], str):
+                raise ValueError("prompt must be a string (token ids go in prompt_token_ids)")
+            ids = parse_prompt(obj, vocab, tokenizer, limit + 1)
+        elif "messages" in obj:
+            ids = parse_messages(obj, tokenizer, limit + 1)
         else:
             raise ValueError("expected one of prompt, prompt_token_ids or messages")
         engine.check_prompt(ids)
         item.prompt = list(ids)
+    except APIError as e:
+        item.error = f"line {line_no}: {e.message}"
     except Exception as e:  # every problem stays on its own line
         item.error = f"line {line_no}: {e}"
     if item.error is not None and not _json_safe(item.id):
