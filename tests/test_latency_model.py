@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from laps_jax.config import PRESETS
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.scheduler.latency_model import (H200, H200_MEASURED, DeviceSpec, LatencyModel,
                                               StepShape, fit_roofline, relative_errors,
                                               step_cost)
@@ -158,3 +158,10 @@ def test_model_round_trips_through_json():
         m = LatencyModel(BENCH, 4, dev, 256)
         again = LatencyModel.from_dict(m.to_dict(), BENCH)
         assert again == m
+
+
+def test_ragged_cut_agrees_with_the_attention_kernel():
+    """The latency model keeps its own copy of the ragged/blocked cut (it imports no kernel)."""
+    from laps_jax.pallas_kernels.xla_attention import Q_BLOCK
+    from laps_jax.scheduler.latency_model import RAGGED_MAX_TOKENS
+    assert RAGGED_MAX_TOKENS == Q_BLOCK

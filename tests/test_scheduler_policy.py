@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laps_jax.config import PRESETS
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.sequence import SamplingParams, Sequence
 from laps_jax.scheduler import Dispatcher, SchedulerConfig, WindowConfig
 from laps_jax.scheduler.clock import ManualClock, SimClock, run_simulated

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.runner import ModelRunner, SeqInput
 from laps_jax.models.loader import load_model, restore_params, save_params
 from laps_jax.models.safetensors_io import CheckpointError, SafetensorsCheckpoint, save_safetensors

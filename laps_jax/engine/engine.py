@@ -8,15 +8,15 @@ offline job, tests and benchmarks.
 from __future__ import annotations
 
 import logging
-import random
 from typing import Iterable, Sequence as Seq
 
 import numpy as np
 
 from laps_jax.config import EngineConfig, ModelConfig
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
 from laps_jax.engine.kv_transfer import KVTransfer
+from laps_jax.engine.paged import PagedSequences
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
 from laps_jax.engine.settings import resolve as resolve_settings
 from laps_jax.engine.sequence import (TOP_P_FLOOR, SamplingParams, Sequence, Status,
@@ -25,33 +25,6 @@ from laps_jax.models.qwen2 import default_layer_loop
 from laps_jax.pallas_kernels import default_backend
 
 log = logging.getLogger(__name__)
-
-
-class PagedSequences:
-    """Admission and release of sequences over a `KVCacheManager` (`self.kv`): shared by the
-    engine and the simulator's stand-in, so both account pages the same way."""
-
-    kv: KVCacheManager
-
-    def admit(self, seq: Sequence) -> None:
-        """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages, or
-        ValueError for a bad seed; either way before any page is taken, so nothing leaks."""
-        seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
-        rng = np.random.default_rng(seed)
-        pages = self.kv.allocate(seq.prompt)
-        seq.pages, seq.num_computed = pages, pages.cached_len
-        seq.cached_tokens = pages.cached_len
-        seq.status = Status.PREFILL
-        seq.rng = rng
-
-    def release(self, seq: Sequence, reason: str | None = None) -> None:
-        """Frees a sequence's pages (finished, aborted or disconnected)."""
-        if seq.pages is not None:
-            self.kv.release(seq.pages)
-            seq.pages = None
-        if seq.status is not Status.FINISHED:
-            seq.status = Status.FINISHED
-            seq.finish_reason = seq.finish_reason or reason or "abort"
 
 
 class Engine(PagedSequences):

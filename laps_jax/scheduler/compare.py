@@ -20,8 +20,7 @@ import time
 from typing import Callable
 
 from laps_jax.config import EngineConfig, resolve_model
-from laps_jax.engine.engine import Engine
-from laps_jax.engine.executables import BucketGrid, enable_persistent_cache
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.settings import resolve as resolve_settings
 from laps_jax.scheduler import report
 from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
@@ -88,6 +87,8 @@ class CompareOptions:
 
 
 def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
+    from laps_jax.engine.engine import Engine  # JAX: only for real (not simulated) runs
+    from laps_jax.engine.executables import enable_persistent_cache
     from laps_jax.models.loader import load_model
     enable_persistent_cache(o.compile_cache)
     loaded = load_model(o.model, o.dtype, o.seed)

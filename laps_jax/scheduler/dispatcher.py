@@ -34,7 +34,6 @@ import dataclasses
 import logging
 from typing import Sequence as Seq
 
-from laps_jax.engine.engine import Engine
 from laps_jax.engine.kv_cache import OutOfPages
 from laps_jax.engine.sequence import SamplingParams, Sequence
 from laps_jax.scheduler.clock import Clock, RealClock
@@ -50,7 +49,9 @@ log = logging.getLogger(__name__)
 
 
 def _executor(x, name: str) -> StepExecutor:
-    return EngineExecutor(x, name) if isinstance(x, Engine) else x
+    """An engine (it has a model runner) runs on an `EngineExecutor`; anything else is taken
+    as a `StepExecutor` already (the simulator's): the scheduler never imports the engine."""
+    return EngineExecutor(x, name) if hasattr(x, "runner") else x
 
 
 class Dispatcher:

@@ -19,9 +19,8 @@ import functools
 import time
 from typing import Callable, Protocol, Sequence as Seq
 
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
-from laps_jax.engine.kv_transfer import export_sequence, import_sequence
 from laps_jax.engine.sequence import Sequence
 
 
@@ -163,9 +162,11 @@ class EngineExecutor:
         await self._call(self.engine.transfer.warmup)
 
     async def export_kv(self, seq: Sequence):
+        from laps_jax.engine.kv_transfer import export_sequence  # JAX: only with an engine
         return await self._call(export_sequence, self.engine, seq)
 
     async def import_kv(self, seq: Sequence, data):
+        from laps_jax.engine.kv_transfer import import_sequence
         return await self._call(import_sequence, self.engine, seq, data)
 
     async def release_pages(self, pages) -> None:

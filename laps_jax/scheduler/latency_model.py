@@ -36,7 +36,11 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from laps_jax.config import ModelConfig
-from laps_jax.pallas_kernels.xla_attention import Q_BLOCK
+
+# Batches whose rows have at most this many new tokens take the ragged attention path (the
+# XLA attention's Q_BLOCK; tests/test_latency_model.py checks the two agree): kept here so the
+# scheduler and the simulator import no kernel, and no JAX.
+RAGGED_MAX_TOKENS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +129,7 @@ def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int =
     gemm = 2.0 * lin * rows_tokens + 2.0 * h * V * shape.batch
     kvb = cfg.kv_bytes_per_token(itemsize)
     per_qk = 4.0 * L * cfg.num_heads * cfg.head_dim  # QK^T and PV, per query per key
-    ragged = kv_block > 1 and shape.batch > 1 and shape.tokens <= Q_BLOCK
+    ragged = kv_block > 1 and shape.batch > 1 and shape.tokens <= RAGGED_MAX_TOKENS
     if kv_block > 1:
         blocks = [-(-(c + n) // kv_block) for n, c in zip(shape.new, shape.cached)]
         if ragged:

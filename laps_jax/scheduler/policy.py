@@ -22,7 +22,7 @@ import dataclasses
 import functools
 from typing import Callable
 
-from laps_jax.engine.executables import Bucket, BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
                                       Work, fits)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable
 
-from laps_jax.engine.executables import Bucket, BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow
 

@@ -15,8 +15,6 @@ import statistics
 import time
 from typing import Callable
 
-from laps_jax.engine.engine import Engine
-from laps_jax.engine.runner import SeqInput
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 
 
@@ -76,6 +74,7 @@ def _inputs(engine: Engine, shape: StepShape) -> list[SeqInput]:
     ps = engine.ecfg.page_size
     pages = list(range(1, 1 + -(-(max(shape.cached) + shape.tokens) // ps)))
     # garbage K/V in those pages is fine for timing (profile a fresh engine: it overwrites them)
+    from laps_jax.engine.runner import SeqInput  # JAX: profiling runs a real engine
     return [SeqInput(list(range(10, 10 + n)), c, pages) for n, c in zip(shape.new, shape.cached)]
 
 

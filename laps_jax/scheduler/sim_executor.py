@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Sequence as Seq
 
-from laps_jax.engine.engine import PagedSequences
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.paged import PagedSequences
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager
 from laps_jax.engine.sequence import Sequence, Status, TokenLogprobs
 from laps_jax.scheduler.clock import Clock

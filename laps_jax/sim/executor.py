@@ -24,7 +24,7 @@ import dataclasses
 import math
 import random
 
-from laps_jax.engine.executables import Bucket, BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.executor import StepInfo
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape

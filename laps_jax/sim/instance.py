@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from laps_jax.config import ModelConfig
-from laps_jax.engine.executables import BucketGrid, pow2_range
+from laps_jax.engine.buckets import BucketGrid, pow2_range
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel

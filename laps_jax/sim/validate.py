@@ -15,7 +15,7 @@ import json
 import os
 
 from laps_jax.config import PRESETS, EngineConfig
-from laps_jax.engine.executables import BucketGrid
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.scheduler import compare, report
 from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
@@ -55,11 +55,25 @@ class ValidationOptions:
                                       # faster; each cell gets its gain (see `cell_gains`)
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def trace_path(path: str) -> str:
+    """A run's trace as recorded (relative to where compare_modes ran), else the same path from
+    the repository's root, else the file of that name in docs/data (where committed runs keep
+    their generated traces): committed runs replay from a clean clone, from any directory."""
+    for p in (path, os.path.join(_REPO, path),
+              os.path.join(_REPO, "docs", "data", os.path.basename(path))):
+        if os.path.exists(p):
+            return p
+    return path  # the reader names it in its error
+
+
 def _options(run: dict) -> compare.CompareOptions:
     ecfg = EngineConfig(**run["engine"])
     th = run.get("threshold", "auto")
     return compare.CompareOptions(
-        model=run["model"], trace=run["trace"], trace_format=run["trace_format"],
+        model=run["model"], trace=trace_path(run["trace"]), trace_format=run["trace_format"],
         output_dir="", ecfg=ecfg, max_requests=run["requests"],
         length_scale=run["length_scale"], slo_scale=run["slo_scale"],
         threshold=None if th in (None, "auto") else int(th),
