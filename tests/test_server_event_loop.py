@@ -74,7 +74,7 @@ def test_size_bound_refuses_before_tokenizing(srv, path, body):
     lat, (status, got, _), took = _health_during(srv, path, body)
     assert status == 400 and got["error"]["code"] == "context_length_exceeded", got
     assert took < 2.0, took  # tokenizing it takes seconds; the bound answers at once
-    assert statistics.median(lat) < 0.1 and max(lat) < 0.25, lat
+    assert statistics.median(lat) < 0.1 and max(lat) < 0.5, lat
 
 
 def test_health_answers_while_a_huge_prompt_tokenizes(srv, tokenizer):
@@ -87,4 +87,4 @@ def test_health_answers_while_a_huge_prompt_tokenizes(srv, tokenizer):
     assert status == 400 and is_json_error(got) and "maximum context length" in \
         got["error"]["message"], got
     assert len(lat) >= 5, (lat, took)  # it was busy long enough to be polled
-    assert statistics.median(lat) < 0.1 and max(lat) < 0.25, lat
+    assert statistics.median(lat) < 0.1 and max(lat) < 0.5, lat
