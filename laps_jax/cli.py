@@ -135,7 +135,7 @@ def build_engine(args, prompt_logprobs: bool = False, warmup: bool = True,
     from laps_jax.engine.engine import Engine
     from laps_jax.engine.executables import enable_persistent_cache
     from laps_jax.models.loader import load_model
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
 
     cache_dir = enable_persistent_cache(args.compile_cache)
     dtype = args.dtype or ("bfloat16" if jax.default_backend() == "gpu" else "float32")

@@ -147,7 +147,7 @@ def parse(argv):
         if bad:
             ap.error(f"{', '.join(bad)} cannot be combined with --http")
     try:
-        from laps_jax.scheduler.variants import parse_variant
+        from laps_jax.bench.variants import parse_variant
         args.variant = [parse_variant(v) for v in args.variant]
     except ValueError as e:
         ap.error(f"--variant: {e}")
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         return 2
     if args.http:
         return main_http(args)
-    from laps_jax.scheduler.compare import CompareOptions, run_comparison
+    from laps_jax.bench.compare import CompareOptions, run_comparison
     from laps_jax.scheduler.window import WindowConfig
     threshold = None if args.threshold == "auto" else int(args.threshold)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())

@@ -276,7 +276,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def write_tokenizer_files(out: str, tok) -> None:
-    from laps_jax.server.tokenizer import QWEN25_CHAT_TEMPLATE
+    from laps_jax.text.tokenizer import QWEN25_CHAT_TEMPLATE
 
     tok.save(os.path.join(out, "tokenizer.json"))
     added = {str(tok.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False,
@@ -437,7 +437,7 @@ def print_samples(out: str, max_tokens: int) -> list[tuple[str, str]]:
     from laps_jax.engine.engine import Engine
     from laps_jax.engine.sequence import SamplingParams
     from laps_jax.models.loader import load_model
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
 
     model = load_model(out)
     tok = Tokenizer(out)
@@ -477,7 +477,7 @@ def main(argv=None) -> int:
 
     from laps_jax.config import ModelConfig
     from laps_jax.models.qwen2 import init_params
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
 
     tok_dir = tempfile.mkdtemp(prefix="laps_tiny_tok_")
     try:

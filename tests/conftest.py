@@ -74,7 +74,7 @@ def engine_for(checkpoint):
     session (layer_loop None: the platform default, `unroll` on the CPU)."""
     from laps_jax.engine.engine import Engine
     from laps_jax.models.loader import load_model
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     made: dict[str, tuple] = {}
 
     def get(name: str, layer_loop: str | None = None):

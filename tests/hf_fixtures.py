@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # tests fork subproces
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from laps_jax.server.tokenizer import QWEN25_CHAT_TEMPLATE
+from laps_jax.text.tokenizer import QWEN25_CHAT_TEMPLATE
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN2_PRETOKENIZE_REGEX = (

@@ -11,7 +11,7 @@ from laps_jax.config import ModelConfig
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.sequence import SamplingParams
 from laps_jax.models.loader import load_model
-from laps_jax.server.tokenizer import Tokenizer
+from laps_jax.text.tokenizer import Tokenizer
 
 from conftest import small_engine_config
 

@@ -97,7 +97,7 @@ request = (st.tuples(st.just("/v1/completions"), completion)
 
 @pytest.fixture(scope="module")
 def srv(engine_for):
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     engine, path = engine_for("gqa2_untied")
     s = InProcessServer(engine, Tokenizer(path))
     yield s

@@ -17,7 +17,7 @@ FAIL_PREFILL, FAIL_DECODE, HANG = 1001, 1002, 1003  # top_k values marking a hos
 
 @pytest.fixture(scope="module")
 def srv(engine_for):
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     engine, path = engine_for("gqa2_untied")
     s = InProcessServer(engine, Tokenizer(path), stall_after_s=0.4)
     yield s

@@ -29,7 +29,7 @@ class Unbounded:
 
 @pytest.fixture(scope="module")
 def tokenizer(checkpoint):
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     return Tokenizer(checkpoint("gqa2_untied"))
 
 

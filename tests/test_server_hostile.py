@@ -19,7 +19,7 @@ READ_TIMEOUT_S = 1.5
 
 @pytest.fixture(scope="module")
 def srv(engine_for):
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     engine, path = engine_for("gqa2_untied")
     s = InProcessServer(engine, Tokenizer(path), read_timeout_s=READ_TIMEOUT_S)
     yield s
@@ -180,7 +180,7 @@ def test_include_usage_boolean_still_works(srv):
 def test_shutdown_timeout_ends_running_streams(engine_for, monkeypatch):
     """--shutdown-timeout is a deadline: a stream still running then gets its end (finish_reason
     "abort", [DONE]) and shutdown returns; the pages come back."""
-    from laps_jax.server.tokenizer import Tokenizer
+    from laps_jax.text.tokenizer import Tokenizer
     engine, path = engine_for("gqa2_untied")
     decode = engine.decode
 

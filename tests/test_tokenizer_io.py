@@ -21,7 +21,7 @@ from laps_jax.models.safetensors_io import (
     save_safetensors,
     save_safetensors_sharded,
 )
-from laps_jax.server.tokenizer import (
+from laps_jax.text.tokenizer import (
     QWEN25_CHAT_TEMPLATE,
     ChatTemplateError,
     IncrementalDecoder,

@@ -1,1 +1,4 @@
-"""Qwen2 in Flax NNX over a paged KV cache, its weights and its sharding."""
+"""Qwen2 in Flax NNX over a paged KV cache, its weights and its sharding.
+
+May import the kernels and the top-level config, nothing else of laps_jax.
+"""

@@ -1,4 +1,7 @@
-"""Attention over the paged KV cache: a backend switch between XLA (jnp) and Pallas kernels."""
+"""Attention over the paged KV cache: a backend switch between XLA (jnp) and Pallas kernels.
+
+The bottom of the stack: imports nothing else of laps_jax.
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ laps order of precedence: a long step when the long pool has had none for `max_p
 ready (bucket full, window over, or a deadline close) -- or, with cross_pool="aging", the long
 pool instead when its best request already scores lower; while a short window is open the device
 waits for it; otherwise a long chunk. Inside each pool work is ordered by remaining work with
-aging (DESIGN.md, policy notes: the order inside the pools matters as much as the split): by
+aging (a first analysis found the order inside the pools matters as much as the split): by
 default fewest remaining tokens first with a wait bound (pools.py; chosen by an A/B of the
 orders in one run on both traces, docs/BENCHMARKS_SCHEDULER.md session 6), or highest response
 ratio first, or remaining tokens minus a linear credit.

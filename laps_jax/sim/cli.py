@@ -11,7 +11,7 @@ import os
 
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
 from laps_jax.scheduler.router import POLICIES
-from laps_jax.scheduler.variants import count_or_off
+from laps_jax.bench.variants import count_or_off
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim import hardware
 from laps_jax.sim.driver import RunSpec

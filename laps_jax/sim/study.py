@@ -15,8 +15,8 @@ from laps_jax.scheduler.router import RouterConfig
 from laps_jax.sim import cli, plots, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
-from laps_jax.scheduler import report
-from laps_jax.scheduler.variants import parse_settings
+from laps_jax.bench import report
+from laps_jax.bench.variants import parse_settings
 from laps_jax.sim.cells import markdown, over_rounds, repeatability, run_rounds
 from laps_jax.sim.validate import ValidationOptions, same_speed, validate
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from laps_jax.scheduler import report
+from laps_jax.bench import report
 from laps_jax.scheduler.request import LONG, SHORT, RequestStats
 from laps_jax.sim.driver import RunResult, RunSpec, sim_executors
 from laps_jax.sim.hardware import ModelSource

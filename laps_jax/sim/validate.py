@@ -1,7 +1,7 @@
 """Validation: does the simulator predict a real `compare_modes` run on this machine?
 
 Takes a compare_modes output directory, rebuilds the exact workload it replayed (same reader,
-options and time scale, via `scheduler.compare`), and replays it through the *same* replay code
+options and time scale, via `bench.compare`), and replays it through the *same* replay code
 (`scheduler.replay`) against simulated instances whose steps last what the run's own latency
 model (its CPU profile) predicts. laps-spatial's two lanes share this machine's cores in the real
 run, so in the simulation they share one device (processor sharing). Then it puts real and
@@ -16,12 +16,12 @@ import os
 
 from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.buckets import BucketGrid
-from laps_jax.scheduler import compare, report
+from laps_jax.bench import compare, report
 from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 from laps_jax.scheduler.policy import SchedulerConfig
-from laps_jax.scheduler.replay import replay_open, replay_sessions
-from laps_jax.scheduler.variants import SETTINGS, apply
+from laps_jax.bench.replay import replay_open, replay_sessions
+from laps_jax.bench.variants import SETTINGS, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.sim.cells import POOLS, by_pool, compare_row, real_requests, run_rounds, verdict
 from laps_jax.sim.executor import Calibration, FastGrid

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
-from laps_jax.scheduler.replay import implied_new_tokens
+from laps_jax.bench.replay import implied_new_tokens
 from laps_jax.workload.records import TokenSpace, TraceOptions, TraceRequest
 from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
 from laps_jax.workload.traces import read_azure_csv, read_mooncake_jsonl

@@ -23,9 +23,9 @@ import jinja2.ext
 import jinja2.nodes
 from tokenizers import Tokenizer as _HFTokenizer
 
-from laps_jax.server.chat_template import (QWEN25_CHAT_TEMPLATE, ChatTemplateError,
+from laps_jax.text.chat_template import (QWEN25_CHAT_TEMPLATE, ChatTemplateError,
                                            compile_chat_template, _normalize_messages, _plain)
-from laps_jax.server.detokenizer import IncrementalDecoder
+from laps_jax.text.detokenizer import IncrementalDecoder
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

@@ -22,17 +22,17 @@ from typing import Callable
 from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.settings import resolve as resolve_settings
-from laps_jax.scheduler import report
+from laps_jax.bench import report
 from laps_jax.scheduler.clock import RealClock, SimClock, run_simulated
-from laps_jax.scheduler.cpu_meter import run_unbusy
+from laps_jax.bench.cpu_meter import run_unbusy
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.profiling import kv_block_of, load_profile, plan_shapes, profile
 from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
-from laps_jax.scheduler.replay import (OpenRequest, natural_rate, open_requests, replay_open,
+from laps_jax.bench.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
-from laps_jax.scheduler.variants import Variant, apply
+from laps_jax.bench.variants import Variant, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.workload.records import TraceOptions
 from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl

@@ -11,7 +11,7 @@ import numpy as np
 
 from laps_jax.scheduler.request import LONG, SHORT, RequestStats
 
-# The fields DESIGN.md promises in comparison.json, and which way is better for each.
+# The fields comparison.json promises (README, compare_modes.py), and which way is better for each.
 FIELDS = ("ttft_ms_p50", "ttft_ms_p90", "ttft_short_ms_p90", "ttft_long_ms_p90",
           "prefill_latency_ms_mean", "slo_violation_rate", "throughput_tokens_per_s",
           "completed", "failed")

@@ -1,0 +1,101 @@
+"""Dependencies point one way: server -> scheduler -> engine -> models -> kernels, with bench,
+sim and workload on the side. Read from the source (every import, function-level ones
+included), so a lazy import counts as much as a top-level one."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "laps_jax")
+
+# package -> laps_jax packages it must never import (top-level modules such as config.py,
+# config_fields.py, timing.py and cli.py are not packages and are checked apart)
+FORBIDDEN = {
+    "pallas_kernels": {"models", "engine", "scheduler", "server", "bench", "sim", "workload",
+                       "text"},
+    "models": {"engine", "scheduler", "server", "bench", "sim", "workload", "text"},
+    "engine": {"scheduler", "server", "bench", "sim", "workload", "text"},
+    "scheduler": {"server", "workload", "bench", "models", "sim", "text"},
+    "sim": {"pallas_kernels", "models", "server", "text"},
+    "text": {"pallas_kernels", "models", "engine", "scheduler", "server", "bench", "sim",
+             "workload"},
+    "workload": {"pallas_kernels", "models", "engine", "scheduler", "server", "bench", "sim",
+                 "text"},
+    "server": {"bench", "sim", "workload"},
+}
+
+
+def _imports(path: str) -> set[str]:
+    """The laps_jax modules a file imports, anywhere in it."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("laps_jax")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith("laps_jax"):
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level > 1:  # (level 1: same package)
+            raise AssertionError(f"{path}: a relative import out of its package")
+    return out
+
+
+def _package_of(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return parts[1] if os.path.isdir(os.path.join(PKG, parts[1])) else None
+
+
+def _graph() -> dict[str, dict[str, set[str]]]:
+    """package -> imported package -> the files that import it."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for pkg in sorted(os.listdir(PKG)):
+        root = os.path.join(PKG, pkg)
+        if not os.path.isdir(root) or pkg.startswith("_") or pkg == "builtin_model":
+            continue
+        edges = graph.setdefault(pkg, {})
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    for m in _imports(path):
+                        dep = _package_of(m)
+                        if dep and dep != pkg:
+                            edges.setdefault(dep, set()).add(os.path.relpath(path, PKG))
+    return graph
+
+
+@pytest.mark.parametrize("pkg", sorted(FORBIDDEN))
+def test_no_package_imports_against_the_direction(pkg):
+    bad = {dep: sorted(files) for dep, files in _graph()[pkg].items() if dep in FORBIDDEN[pkg]}
+    assert not bad, f"laps_jax.{pkg} imports {bad}"
+
+
+def test_no_cycle_between_packages():
+    graph = {p: set(e) for p, e in _graph().items()}
+    state: dict[str, int] = {}
+
+    def visit(p: str, path: list[str]) -> None:
+        state[p] = 1
+        for q in sorted(graph.get(p, ())):
+            if state.get(q) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path + [p, q]))
+            if not state.get(q):
+                visit(q, path + [p])
+        state[p] = 2
+
+    for p in sorted(graph):
+        if not state.get(p):
+            visit(p, [])
+
+
+def test_the_rules_can_fail(tmp_path):
+    """The reader sees a function-level import (what a lazy import would hide)."""
+    f = tmp_path / "m.py"
+    f.write_text("def g():\n    from laps_jax.server.app import create_app\n")
+    assert "laps_jax.server.app" in _imports(str(f))

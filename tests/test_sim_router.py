@@ -1,0 +1,106 @@
+"""The multi-instance router's policies in the simulator, and generated sessions."""
+
+from __future__ import annotations
+
+import pytest
+
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.scheduler.clock import SimClock, run_simulated
+from laps_jax.scheduler.router import Router, RouterConfig
+from laps_jax.sim import workload as wl
+from laps_jax.sim.instance import build_dispatcher
+from sim_fixtures import CFG, MODEL, spec
+
+
+# -- the router -------------------------------------------------------------------------------
+def _router(n: int, policy: str, **kw):
+    clock = SimClock()
+    ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(n)]
+    return Router(ds, RouterConfig(policy=policy, **kw), clock), clock
+
+
+def _prompt(n: int, key: int) -> list[int]:
+    return [10 + (key * 977 + j * 13) % 400 for j in range(n)]
+
+
+def test_round_robin_cycles():
+    async def main():
+        r, _ = _router(4, "round-robin", affinity_ratio=None)
+        await r.start()
+        for i in range(6):
+            r.submit(_prompt(20, i), SamplingParams(max_tokens=1))
+        await r.stop()
+        return r.stats.routed
+    assert run_simulated(main()) == [2, 2, 1, 1]
+
+
+def test_least_load_avoids_the_busy_instance():
+    async def main():
+        r, _ = _router(2, "least-load", affinity_ratio=None)
+        await r.start()
+        a = r.submit(_prompt(250, 1), SamplingParams(max_tokens=1))   # -> i0 (tie, first)
+        b = r.submit(_prompt(20, 2), SamplingParams(max_tokens=1))    # i0 is loaded -> i1
+        c = r.submit(_prompt(20, 3), SamplingParams(max_tokens=1))    # i1 holds less -> i1
+        await r.stop()
+        return [h.request.lane.executor.name.split("/")[0] for h in (a, b, c)]
+    assert run_simulated(main()) == ["i0", "i1", "i1"]
+
+
+def test_length_aware_groups_and_rebalancing():
+    """Short and long requests go to their groups; pending work skewed to one group pulls an
+    instance over (each group keeps one; one move per check)."""
+    async def main():
+        r, clock = _router(4, "length-aware", affinity_ratio=None, rebalance_interval_s=0.0,
+                           rebalance_ratio=2.0, threshold=64)
+        await r.start()
+        long = r.submit(_prompt(250, 1), SamplingParams(max_tokens=1))   # to the long group
+        short = r.submit(_prompt(20, 2), SamplingParams(max_tokens=1))   # long work pending,
+        where = [h.request.lane.executor.name.split("/")[0] for h in (long, short)]  # none short
+        await clock.sleep(10.0)  # all done: nothing pending anywhere
+        for i in range(6):       # only short work now: instances move back to the short group
+            r.submit(_prompt(30, 10 + i), SamplingParams(max_tokens=1))
+        await r.stop()
+        return where, [g[1:] for g in r.stats.groups], r.group
+    where, sizes, groups = run_simulated(main())
+    assert where[0] in ("i2", "i3") and where[1] in ("i0", "i1")
+    assert sizes == [(2, 2), (1, 3), (2, 2), (3, 1)]   # (short, long) after each move
+    assert groups.count("long") == 1
+
+
+def test_affinity_sends_a_follow_up_turn_to_its_history():
+    async def main():
+        r, _ = _router(3, "round-robin", affinity_ratio=0.5)
+        await r.start()
+        history = _prompt(200, 7)
+        first = r.submit(history, SamplingParams(max_tokens=1))
+        await first.result()
+        r.submit(_prompt(20, 8), SamplingParams(max_tokens=1))   # moves the RR pointer on
+        follow = r.submit(history + _prompt(20, 9), SamplingParams(max_tokens=1))
+        await follow.result()
+        await r.stop()
+        return first.request.lane, follow.request.lane, follow.stats.cached_tokens
+    lane_a, lane_b, cached = run_simulated(main())
+    assert lane_a is lane_b and cached == 192  # 12 full pages of 16 tokens
+
+
+@pytest.mark.parametrize("spill_s, expected", [(None, ["i1", "i1", "i0"]),
+                                               (float("inf"), ["i1", "i1", "i1"])])
+def test_length_aware_spills_long_work_to_an_idle_short_group(spill_s, expected):
+    """Group [short i0, long i1]; three long prompts of about one full step each. The third
+    finds i1 more than a full step busier than the idle i0 and spills (unless spill_s = inf)."""
+    async def main():
+        r, _ = _router(2, "length-aware", affinity_ratio=None, threshold=64, spill_s=spill_s,
+                       rebalance_interval_s=1e9)
+        await r.start()
+        hs = [r.submit(_prompt(250, 20 + i), SamplingParams(max_tokens=1)) for i in range(3)]
+        await r.stop()
+        return [h.request.lane.executor.name.split("/")[0] for h in hs]
+    assert run_simulated(main()) == expected
+
+
+def test_generated_sessions_keep_their_lengths_at_any_rate():
+    a = wl.load("lmsys", max_requests=90, seed=5, rate=2.0)
+    b, scale = a.at_rate(8.0)
+    assert scale == 1.0 and list(a.new_token_counts()) == list(b.new_token_counts())
+    starts = lambda w: [s.arrival_s for s in w.sessions.sessions]
+    assert starts(b)[-1] == pytest.approx(starts(a)[-1] / 4)
