@@ -45,6 +45,10 @@ def test_decode_after_handoff_equals_decode_in_place(layer_loop):
         dst.decode([seq])
     assert seq.output == expected
     assert src.kv.num_used == 0 and dst.kv.num_used == 0
+    # the copies compiled at warm-up, with the same counter as the step buckets
+    assert len(src.transfer.executables) == 2 * len(src.transfer.sizes)
+    assert src.transfer.executables.compiles_after_warmup == 0
+    assert dst.transfer.executables.compiles_after_warmup == 0
 
 
 def test_import_without_room_changes_nothing():

@@ -3,7 +3,8 @@
 laps-spatial prefills long requests on one device group and decodes on the other; this moves a
 sequence's computed K/V (every layer) from the prefilling engine to the decoding one. Copies are
 bucketed by page count (powers of 4, padded with the trash page 0 on both sides) and compiled
-by `warmup`, so a hand-off never compiles on the request path. Works with both layer loops
+by `warmup` in an `ExecutableCache` like the step buckets, so a hand-off never compiles on the
+request path, and one that would is counted with the runner's compiles after warm-up. Works with both layer loops
 (stacked [L, pages, ...] pools or one pool per layer).
 """
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from laps_jax.engine.executables import ExecutableCache
 from laps_jax.engine.kv_cache import SeqPages
 from laps_jax.engine.sequence import Sequence
 
@@ -54,30 +56,37 @@ class KVTransfer:
             self.sizes.append(n)
             n *= 4
         self.sizes.append(runner.pages_per_seq)
-        self._gathers: dict[int, object] = {}
-        self._scatters: dict[int, object] = {}
+        self.executables = ExecutableCache(self._build)  # keys ("gather" | "scatter", pages)
 
     def bucket(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
-    def warmup(self) -> None:
-        if self._gathers:
-            return
+    def _build(self, key: tuple[str, int]):
         r = self.runner
         abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                   sharding=getattr(x, "sharding", None))
         kc, vc = jax.tree.map(abstract, r.k_cache), jax.tree.map(abstract, r.v_cache)
-        layers, rest = r.cfg.num_layers, (r.page_size, r.cfg.num_kv_heads, r.cfg.head_dim)
+        kind, n = key
+        idx = jax.ShapeDtypeStruct((n,), jnp.int32)
+        if kind == "gather":
+            return jax.jit(_gather), (kc, vc, idx)
+        rest = (r.page_size, r.cfg.num_kv_heads, r.cfg.head_dim)
+        data = jax.ShapeDtypeStruct((r.cfg.num_layers, n, *rest), r.kv_dtype)
+        return jax.jit(_scatter, donate_argnums=(0, 1)), (kc, vc, idx, data, data)
+
+    def warmup(self, progress=None) -> None:
+        """Compiles every copy bucket and runs each once (XLA's first run is slow) on the trash
+        page 0 only."""
+        if self.executables.warm:
+            return
+        self.executables.warmup([(k, n) for n in self.sizes for k in ("gather", "scatter")],
+                                progress)
+        r = self.runner
         for n in self.sizes:
-            idx = jax.ShapeDtypeStruct((n,), jnp.int32)
-            data = jax.ShapeDtypeStruct((layers, n, *rest), r.kv_dtype)
-            self._gathers[n] = jax.jit(_gather).lower(kc, vc, idx).compile()
-            self._scatters[n] = jax.jit(_scatter, donate_argnums=(0, 1)).lower(
-                kc, vc, idx, data, data).compile()
-        for n in self.sizes:  # run each once (XLA's first run is slow), trash page 0 only
             trash = np.zeros(n, np.int32)
-            k, v = self._gathers[n](r.k_cache, r.v_cache, trash)
-            r.k_cache, r.v_cache = self._scatters[n](r.k_cache, r.v_cache, trash, k, v)
+            k, v = self.executables.get(("gather", n))(r.k_cache, r.v_cache, trash)
+            r.k_cache, r.v_cache = self.executables.get(("scatter", n))(r.k_cache, r.v_cache,
+                                                                         trash, k, v)
         jax.block_until_ready((r.k_cache, r.v_cache))
 
     def _index(self, pages: list[int]) -> np.ndarray:
@@ -86,17 +95,13 @@ class KVTransfer:
         return idx
 
     def export(self, pages: list[int], num_tokens: int) -> KVPages:
-        if not self._gathers:
-            raise RuntimeError("KVTransfer.warmup() has not run")
-        k, v = self._gathers[self.bucket(len(pages))](self.runner.k_cache, self.runner.v_cache,
-                                                      self._index(pages))
+        k, v = self.executables.get(("gather", self.bucket(len(pages))))(
+            self.runner.k_cache, self.runner.v_cache, self._index(pages))
         jax.block_until_ready((k, v))  # copied out before the caller frees the pages
         return KVPages(k, v, len(pages), num_tokens)
 
     def import_(self, pages: list[int], data: KVPages, skip: int = 0) -> None:
         """Writes `data` into `pages`, leaving the first `skip` pages (already cached here)."""
-        if not self._scatters:
-            raise RuntimeError("KVTransfer.warmup() has not run")
         dst = list(pages[:data.num_pages])
         dst[:skip] = [0] * skip  # shared prefix pages hold the same tokens: do not touch them
         n = self.bucket(data.num_pages)
@@ -106,7 +111,8 @@ class KVTransfer:
         target = jax.tree.leaves(self.runner.k_cache)[0].sharding
         k, v = jax.device_put((data.k, data.v), target)
         r = self.runner
-        r.k_cache, r.v_cache = self._scatters[n](r.k_cache, r.v_cache, self._index(dst), k, v)
+        r.k_cache, r.v_cache = self.executables.get(("scatter", n))(r.k_cache, r.v_cache,
+                                                                     self._index(dst), k, v)
 
 
 def export_sequence(engine, seq: Sequence) -> KVPages:

@@ -182,7 +182,9 @@ class EngineExecutor:
         r, kv = self.engine.runner, self.engine.kv
         steps = {f"{b.batch}x{b.tokens}": n for b, n in sorted(r.stats.steps.items())}
         return ExecutorStats(steps, r.stats.padding_fraction,
-                             r.executables.compiles_after_warmup, kv.num_used, kv.num_free,
+                             r.executables.compiles_after_warmup
+                             + self.engine.transfer.executables.compiles_after_warmup,
+                             kv.num_used, kv.num_free,
                              kv.hit_tokens)
 
     async def close(self) -> None:

@@ -188,7 +188,8 @@ class PrefillJob:
             if len(step) > 1:
                 return [r for work in step for r in self._prefill_contained([work], items)]
             it = items[id(step[0][0])]
-            it.error = f"line {it.line_no}: prefill failed: {str(e).splitlines()[0][:300]}"
+            why = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            it.error = f"line {it.line_no}: prefill failed: {why}"
             self.engine.release(it.seq, "abort")
             return []
 
