@@ -103,18 +103,17 @@ class Fields:
                                    f"got {shown(value)}")
         return out
 
-    def boolean(self, name: str, default: Any = _REQUIRED) -> Any:
+    def _of_type(self, name: str, default: Any, kind: type, what: str) -> Any:
         found, value = self._get(name, default)
-        if found and not isinstance(value, bool):
-            raise self.error(name, f"must be true or false, got {json_type(value)} "
-                                   f"{shown(value)}")
+        if found and not isinstance(value, kind):
+            raise self.error(name, f"must be {what}, got {json_type(value)} {shown(value)}")
         return value
 
+    def boolean(self, name: str, default: Any = _REQUIRED) -> Any:
+        return self._of_type(name, default, bool, "true or false")
+
     def string(self, name: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._get(name, default)
-        if found and not isinstance(value, str):
-            raise self.error(name, f"must be a string, got {json_type(value)} {shown(value)}")
-        return value
+        return self._of_type(name, default, str, "a string")
 
     def nested(self, name: str) -> "Fields | None":
         """The object under `name` (None when absent or null), its errors naming `name.key`."""
