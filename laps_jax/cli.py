@@ -9,15 +9,10 @@ import os
 import sys
 import time
 
-from laps_jax.config import EngineConfig
+from laps_jax.config import EngineConfig, builtin_model_dir  # noqa: F401 (scripts use it)
 from laps_jax.engine.settings import DEFAULT_MAX_CHUNK
 
 DEFAULT_MODEL = "builtin"
-
-
-def builtin_model_dir() -> str:
-    from laps_jax.config import builtin_model_dir as d
-    return d()
 
 
 def setup_logging() -> None:
@@ -99,8 +94,8 @@ def describe_engine(engine) -> str:
     """One line: the context, the KV pool and the bucket grid an engine compiled."""
     e, g = engine.ecfg, engine.grid
     span = lambda xs: f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else f"{xs[0]}"
-    return (f"context {e.max_model_len} tokens, KV pool {e.kv_cache_tokens} tokens "
-            f"({e.num_pages - 1} pages of {e.page_size}); buckets: prefill "
+    return (f"context {e.max_model_len} tokens, KV pool {(e.num_pages - 1) * e.page_size} "
+            f"tokens ({e.num_pages - 1} pages of {e.page_size}); buckets: prefill "
             f"{span(g.prefill_batches)} x {span(g.prefill_tokens)} tokens (budget "
             f"{g.max_batch_tokens}), decode {span(g.decode_batches)}")
 

@@ -43,7 +43,7 @@ class RopeScaling:
         (transformers 5); None for plain RoPE. Anything laps_jax would compute differently
         from transformers is refused, naming the field and `where` (the file)."""
         top = Fields(cfg, where)
-        scaling, params = cfg.get("rope_scaling"), cfg.get("rope_parameters")
+        scaling = cfg.get("rope_scaling")
         if scaling is not None and not isinstance(scaling, dict):
             raise ConfigError(f"{where}: rope_scaling must be an object or null, got "
                               f"{type(scaling).__name__}")

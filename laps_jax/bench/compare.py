@@ -17,7 +17,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from laps_jax.config import EngineConfig, resolve_model
 from laps_jax.engine.buckets import BucketGrid
@@ -37,6 +37,9 @@ from laps_jax.scheduler.window import WindowConfig
 from laps_jax.workload.records import TraceOptions
 from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
 from laps_jax.workload.traces import read_azure_csv, read_mooncake_jsonl
+
+if TYPE_CHECKING:  # the engine (JAX) is imported only where a real run builds one
+    from laps_jax.engine.engine import Engine
 
 
 @dataclasses.dataclass

@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Sequence as Seq
 
-import numpy as np
-
 from laps_jax.config import EngineConfig, ModelConfig
 from laps_jax.engine.buckets import BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages

@@ -13,9 +13,13 @@ import json
 import random
 import statistics
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
+
+if TYPE_CHECKING:  # profiling runs a real engine; importing this module needs no JAX
+    from laps_jax.engine.engine import Engine
+    from laps_jax.engine.runner import SeqInput
 
 
 @dataclasses.dataclass
