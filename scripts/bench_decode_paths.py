@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from laps_jax.builder import EngineBuild, build
 from laps_jax.config import PRESETS, EngineConfig
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.sequence import SamplingParams, Sequence
@@ -50,15 +51,14 @@ def main(argv=None) -> int:
     ecfg = EngineConfig(page_size=16, kv_cache_tokens=32768, max_model_len=4096, max_chunk=512,
                         max_prefill_batch=1, max_decode_batch=16)
     params = init_params(cfg)
-    ragged = Engine(cfg, params, ecfg)
-    ragged.warmup()
+    spec = EngineBuild("bench-cpu", ecfg)
+    ragged = build(spec, weights=(cfg, params)).engine
     shipped = xla_attention.ragged_attention
     xla_attention.ragged_attention = (lambda q, k, v, layer, ql, cl, pt, scale, bt=256:
                                       xla_attention.blocked_attention(q, k, v, layer, ql, cl,
                                                                       pt, scale, bt))
     try:
-        blocked = Engine(cfg, params, ecfg)
-        blocked.warmup()
+        blocked = build(spec, weights=(cfg, params)).engine
     finally:
         xla_attention.ragged_attention = shipped
     rng = np.random.default_rng(0)

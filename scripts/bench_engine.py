@@ -84,13 +84,11 @@ def main(argv=None) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from laps_jax.builder import EngineBuild, build
     from laps_jax.config import PRESETS, EngineConfig
-    from laps_jax.engine.engine import Engine
-    from laps_jax.engine.executables import enable_persistent_cache
     from laps_jax.engine.runner import SeqInput
     from laps_jax.models.weights import params_from_hf
 
-    enable_persistent_cache()
     cfg = PRESETS[args.model]
     lengths = [int(x) for x in args.prefill.split(",")]
     batches = [int(x) for x in args.decode_batches.split(",")]
@@ -104,8 +102,8 @@ def main(argv=None) -> int:
     ecfg = EngineConfig(kv_cache_tokens=max(lengths) * 2 + sum(mixed) + 8192,
                         max_model_len=longest, max_chunk=max(lengths), max_prefill_batch=1,
                         max_decode_batch=max(batches + [len(mixed)]))
-    eng = Engine(cfg, params, ecfg)
-    eng.warmup()  # as a server starts: every bucket compiled and run once
+    # as a server starts: every bucket compiled and run once
+    eng = build(EngineBuild(args.model, ecfg), weights=(cfg, params)).engine
     peak = matmul_rate()
     print(f"{args.model}: {cfg.num_params() / 1e6:.1f}M params; jax float32 matmul "
           f"{peak:.0f} GFLOP/s; torch threads {torch.get_num_threads()}; "

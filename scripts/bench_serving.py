@@ -23,8 +23,8 @@ import sys
 import aiohttp
 
 from laps_jax.workload.http_client import ReplayConfig, fetch_server_info
-from laps_jax.workload.http_replay import FORMATS, format_summary, load_workload, replay
-from laps_jax.workload.records import TraceOptions
+from laps_jax.workload.http_replay import format_summary, replay
+from laps_jax.workload.load import add_trace_args, load, trace_options_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,17 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    p.add_argument("--trace", required=True,
-                   help="trace file (Azure CSV, Mooncake JSONL or sessions JSONL)")
-    p.add_argument("--trace-format", choices=FORMATS, default=None,
-                   help="trace format (default: detected from the file)")
+    add_trace_args(p)
     p.add_argument("--output", required=True, help="result JSON file to write")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help="replay at most this many requests (session turns count one each)")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply arrival gaps and think times (0.1 = 10x faster; default 1)")
-    p.add_argument("--length-scale", type=float, default=1.0,
-                   help="multiply prompt and output lengths (at least 1 token; default 1)")
     p.add_argument("--max-len", type=int, default=None,
                    help="cap prompt + output tokens (default: the server's max_model_len)")
     p.add_argument("--vocab-size", type=int, default=1000,
@@ -72,10 +63,9 @@ async def main_async(args: argparse.Namespace) -> int:
                           keep_token_ids=args.save_token_ids, progress=not args.no_progress)
     async with aiohttp.ClientSession() as http:
         info = await fetch_server_info(http, args.base_url, config)
-    opts = TraceOptions(max_requests=args.max_requests, length_scale=args.length_scale,
-                        time_scale=args.time_scale, vocab_size=args.vocab_size,
-                        max_len=args.max_len or info.max_model_len, seed=args.seed)
-    work = load_workload(args.trace, args.trace_format, opts)
+    opts = trace_options_from_args(args, vocab_size=args.vocab_size,
+                                   max_len=args.max_len or info.max_model_len, seed=args.seed)
+    work = load(args.trace_format, args.trace, opts)
     for note in work.notes:
         print(f"note: {note}", file=sys.stderr)
     result = await replay(args.base_url, work, dataclasses.replace(config, model=info.model))

@@ -17,7 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.cli import DefaultsHelpFormatter, add_engine_args, engine_config_from_args  # noqa: E402
-from laps_jax.scheduler.policy import ORDERS, SchedulerConfig  # noqa: E402
+from laps_jax.scheduler import flags as scheduler_flags  # noqa: E402
+from laps_jax.workload.load import add_trace_args  # noqa: E402
 
 
 def parse(argv):
@@ -27,22 +28,14 @@ def parse(argv):
     ap.set_defaults(model="bench-cpu", max_model_len=4096, max_chunk=512, max_decode_batch=16,
                     kv_cache_tokens=32768)
     g = ap.add_argument_group("workload")
-    g.add_argument("--trace", required=True, help="trace file (Azure CSV, Mooncake or sessions JSONL)")
-    g.add_argument("--trace-format", required=True, choices=("azure", "mooncake", "sessions"),
-                   help="format of --trace")
-    g.add_argument("--max-requests", type=int, default=None,
-                   help="replay only the first N requests (sessions: N turns)")
-    g.add_argument("--length-scale", type=float, default=1.0,
-                   help="multiply prompt and output lengths (fit a CPU); lengths are also cut "
-                        "to --max-model-len")
+    add_trace_args(g, time_scale_default="derived from --load, so that mixed runs at that "
+                                         "share of its capacity (with --http: 1); give an "
+                                         "earlier run's value to replay the same arrivals")
     g.add_argument("--max-output", type=int, default=None,
                    help="cap each request's output tokens (decode steps are costly on a CPU)")
     g.add_argument("--load", type=float, default=0.8,
                    help="scale arrivals so mixed runs at this fraction of its prefill capacity, "
                         "measured by replaying the first --capacity-requests at once")
-    g.add_argument("--time-scale", type=float, default=None,
-                   help="multiply arrival and think times by this instead of deriving it from "
-                        "--load (use the value of an earlier run to replay the same arrivals)")
     g.add_argument("--capacity-mode", choices=("serving", "prefill"), default="serving",
                    help="capacity measured with each request's decode interleaved as when "
                         "serving, or prefill only (one output token each)")
@@ -56,9 +49,6 @@ def parse(argv):
     s = ap.add_argument_group("scheduler")
     s.add_argument("--modes", default="mixed,laps,laps-spatial",
                    help="comma-separated modes to run (ratios need mixed)")
-    s.add_argument("--threshold", default="auto",
-                   help="short/long cut in new tokens after the prefix match: an integer, or "
-                        "'auto' for the latency model's compute-bound crossover")
     s.add_argument("--profile", default=None,
                    help="profile JSON from scripts/profile_latency.py (default: profile 24 "
                         "shapes now)")
@@ -66,26 +56,9 @@ def parse(argv):
                    help="use --profile's rates as they are (default: time 8 of its shapes "
                         "now and scale the model by how much slower or faster they run: SLOs "
                         "and plans then fit this machine's speed this hour)")
-    s.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
-                   help="short-pool waiting window: adaptive (arrival rate and SLO slack), "
-                        "static (--static-window seconds) or off (dispatch at once; ablation)")
-    s.add_argument("--static-window", type=float, default=0.005,
-                   help="static window length in seconds")
-    s.add_argument("--window-max", type=float, default=None,
-                   help="cap of the adaptive window in seconds (default: half the cheapest "
-                        "predicted step)")
-    s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
-                   help="order inside each pool: srpt, fewest remaining tokens first with "
-                        "requests waiting past --max-wait ahead; ratio, highest response ratio "
-                        "(waited + service) / service first; or aging, remaining tokens minus "
-                        "a linear credit")
-    s.add_argument("--max-wait", type=float, default=None,
-                   help="with --order srpt: seconds after which a request goes ahead of shorter "
-                        "ones (default: 16 full-budget prefill steps as predicted)")
-    s.add_argument("--aging", type=float, default=None, metavar="TOKENS_PER_S",
-                   help="with --order aging: tokens of credit per second waited (default: a "
-                        "quarter of a full step's tokens per step waited; 0: shortest remaining "
-                        "first, the starvation bound still applies)")
+    scheduler_flags.add_args(s, ("threshold", "window", "static_window", "window_max",
+                                 "order", "max_wait", "aging", "cross_pool", "decode_gap",
+                                 "long_budget"))
     s.add_argument("--variant", action="append", default=[], metavar="NAME=MODE:KEY=VALUE,...",
                    help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
                         "settings changed, named NAME, with its own ratio to mixed; e.g. "
@@ -95,21 +68,6 @@ def parse(argv):
                         "fill_slack, overload_requests: a count or off, overload_check). "
                         "Repeatable: the fair "
                         "A/B of two settings on a shared machine (same arrivals and rounds)")
-    s.add_argument("--cross-pool", choices=("aging", "short-first"), default="short-first",
-                   help="laps: a ready short batch always runs first (short-first, the LAPS "
-                        "policy), or yields to a long request whose score is lower (aging)")
-    s.add_argument("--decode-gap", type=float, default=None,
-                   help="seconds prefill may hold the next decode step back (default: one "
-                        "full-budget prefill step as predicted, the same bound in every mode; "
-                        "0: a decode step after every prefill step)")
-    s.add_argument("--long-budget", type=int, default=None,
-                   help="laps: padded tokens per long-pool chunk (default: the widest bucket "
-                        "predicted to take at most 5 of the cheapest prefill steps, "
-                        "SchedulerConfig.long_chunk_ratio: 256 of 512 for bench-cpu here; "
-                        "laps-spatial: the step budget). Smaller chunks let "
-                        "short requests in sooner at some throughput cost; while more than "
-                        "SchedulerConfig.overload_requests (4) long requests wait, laps' long "
-                        "steps may take twice the chunk where that pads no more tokens")
     s.add_argument("--no-buckets", action="store_true",
                    help="ablation: compile one prefill executable (1 x --max-chunk) so every "
                         "prefill step pads to it, instead of the (batch, tokens) bucket grid")
@@ -158,14 +116,13 @@ def main_http(args) -> int:
     """--http: one real server per mode, the trace replayed over loopback."""
     import json
     from laps_jax.workload.http_compare import HttpCompareOptions, run_http_comparison
-    from laps_jax.workload.http_replay import load_workload
-    from laps_jax.workload.records import TraceOptions
+    from laps_jax.workload.load import load, trace_options_from_args
     e = engine_config_from_args(args)
     serve_args = ["--model", args.model, "--max-model-len", str(e.max_model_len),
                   "--kv-cache-tokens", str(e.kv_cache_tokens), "--page-size", str(e.page_size),
                   "--max-chunk", str(e.max_chunk), "--max-prefill-batch",
                   str(e.max_prefill_batch), "--max-decode-batch", str(e.max_decode_batch)]
-    if args.threshold != "auto":
+    if args.threshold is not None:
         serve_args += ["--threshold", str(args.threshold)]
     serve_args += ["--order", args.order]
     if args.profile:
@@ -176,10 +133,8 @@ def main_http(args) -> int:
         serve_args += ["--attention-backend", e.attention_backend]
     from laps_jax.config import resolve_model
     vocab = resolve_model(args.model)[0].vocab_size
-    work = load_workload(args.trace, args.trace_format, TraceOptions(
-        max_requests=args.max_requests, length_scale=args.length_scale,
-        time_scale=args.time_scale or 1.0, vocab_size=vocab, max_len=e.max_model_len - 1,
-        seed=args.seed))
+    work = load(args.trace_format, args.trace, trace_options_from_args(
+        args, vocab_size=vocab, max_len=e.max_model_len - 1, seed=args.seed))
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     out = run_http_comparison(work, HttpCompareOptions(
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py"), serve_args, modes,
@@ -201,18 +156,17 @@ def main(argv=None) -> int:
     if args.http:
         return main_http(args)
     from laps_jax.bench.compare import CompareOptions, run_comparison
-    from laps_jax.scheduler.window import WindowConfig
-    threshold = None if args.threshold == "auto" else int(args.threshold)
+    sched = scheduler_flags.from_args(args)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     opts = CompareOptions(
         model=args.model, trace=args.trace, trace_format=args.trace_format,
         output_dir=args.output_dir, ecfg=engine_config_from_args(args), modes=modes,
         max_requests=args.max_requests, load=args.load, length_scale=args.length_scale,
-        slo_scale=args.slo_scale, threshold=threshold,
-        window=WindowConfig(mode=args.window, static_s=args.static_window, max_s=args.window_max),
-        buckets=not args.no_buckets, cross_pool=args.cross_pool, order=args.order,
-        decode_gap_s=args.decode_gap, long_budget_tokens=args.long_budget, repeats=args.repeats,
-        aging_tokens_per_s=args.aging, max_wait_s=args.max_wait,
+        slo_scale=args.slo_scale, threshold=sched.threshold, window=sched.window,
+        buckets=not args.no_buckets, cross_pool=sched.cross_pool, order=sched.order,
+        decode_gap_s=sched.decode_gap_s, long_budget_tokens=sched.long_budget_tokens,
+        repeats=args.repeats, aging_tokens_per_s=sched.aging_tokens_per_s,
+        max_wait_s=sched.max_wait_s,
         time_scale=args.time_scale, profile=args.profile,
         rescale_profile=not args.no_rescale_profile,
         capacity_requests=args.capacity_requests,

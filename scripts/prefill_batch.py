@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, src, log) -> int:
-    from laps_jax.server.prefill_job import PrefillJob, resume_point
+    from laps_jax.offline.job import PrefillJob
+    from laps_jax.offline.lines import resume_point
     built = build_engine(args, prompt_logprobs=args.prompt_logprobs, warmup=False, log=log)
     lines = list(src)
     skip = 0

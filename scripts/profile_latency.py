@@ -26,15 +26,16 @@ from laps_jax.cli import add_engine_args, build_engine  # noqa: E402
 from laps_jax.config import PRESETS, resolve_model  # noqa: E402
 from laps_jax.scheduler.latency_model import (DEVICES, LatencyModel, StepShape,  # noqa: E402
                                               relative_errors)
-from laps_jax.scheduler.profiling import (Sample, kv_block_of, plan_shapes, profile,  # noqa: E402
+from laps_jax.scheduler.profiling import (Sample, attention_blocks_of, plan_shapes, profile,  # noqa: E402
                                           read_profile, split_holdout)
 
 CACHED = (0, 256, 1024, 2048)
 
 
-def fit(cfg, itemsize: int, kv_block: int, samples: list[Sample], name: str) -> LatencyModel:
+def fit(cfg, itemsize: int, blocks: tuple[int, int], samples: list[Sample],
+        name: str) -> LatencyModel:
     return LatencyModel.fit(cfg, itemsize, [s.shape for s in samples],
-                            [s.seconds for s in samples], kv_block, name)
+                            [s.seconds for s in samples], blocks, name)
 
 
 def gpu_thresholds() -> dict:
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             model_name, grid = earlier["model"], earlier["engine"]
             cfg, _ = resolve_model(model_name)
             itemsize = int(earlier["latency_model"]["itemsize"])
-            kv_block = int(earlier["latency_model"].get("kv_block", 1))
+            lm = earlier["latency_model"]
+            blocks = (int(lm.get("kv_block", 1)), int(lm.get("q_block", 256)))
         except (ValueError, KeyError, TypeError) as e:
             ap.error(f"--from-samples {args.from_samples}: not a profile of this script "
                      f"({type(e).__name__}: {e})")
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         built = build_engine(args)
         engine = built.engine
         model_name, cfg = built.model_name, engine.cfg
-        itemsize, kv_block = engine.runner.kv_dtype.itemsize, kv_block_of(engine)
+        itemsize, blocks = engine.runner.kv_dtype.itemsize, attention_blocks_of(engine)
         grid = {"max_chunk": engine.grid.max_chunk,
                 "max_batch_tokens": engine.grid.max_batch_tokens}
         shapes = plan_shapes(engine, args.shapes, CACHED, args.seed)
@@ -91,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timed {len(samples)} shapes in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
     train, held = split_holdout(samples, args.holdout, args.seed)
-    errs = relative_errors(fit(cfg, itemsize, kv_block, train, "heldout-fit"),
+    errs = relative_errors(fit(cfg, itemsize, blocks, train, "heldout-fit"),
                            [s.shape for s in held], [s.seconds for s in held]) if held else []
-    model = fit(cfg, itemsize, kv_block, samples, f"{os.uname().nodename}-cpu")
+    model = fit(cfg, itemsize, blocks, samples, f"{os.uname().nodename}-cpu")
     all_errs = relative_errors(model, [s.shape for s in samples], [s.seconds for s in samples])
     local = {str(c): model.threshold(c) for c in CACHED}
     d = model.device

@@ -39,7 +39,8 @@ def parse(argv):
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="one simulation")
-    r.add_argument("--workload", default="azure", help=WORKLOADS + " (azure)")
+    r.add_argument("--workload", default=None,
+                   help=WORKLOADS + " (azure; with --trace: that file's format)")
     r.add_argument("--mode", default="laps", help=cli.MODE_HELP + " (laps)")
     r.add_argument("--instances", type=int, default=1, help="instances behind the router (1)")
     r.add_argument("--policy", default="length-aware", help=cli.POLICY_HELP + " (length-aware)")
@@ -50,10 +51,12 @@ def parse(argv):
     how.add_argument("--concurrency", type=int, default=None,
                      help="closed loop: this many requests in flight (open-loop traces only)")
     r.add_argument("--requests", type=int, default=None,
-                   help="requests per instance (azure 800, mooncake 300, lmsys 3000)")
+                   help="requests per instance (azure 800, mooncake 300, lmsys 3000); "
+                        "--max-requests gives the number in all instead")
     r.add_argument("--output", default=None, help="write the result JSON here too")
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(r)
+    cli.add_run_trace_args(r, how)
     r.set_defaults(func=study.cmd_run)
 
     s = sub.add_parser("sweep", help="the study (load sweeps, routers, concurrency)")

@@ -13,7 +13,8 @@ from server_utils import ROOT, ServerProcess
 
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
 from laps_jax.workload.http_client import ReplayConfig, RequestRecord
-from laps_jax.workload.http_replay import format_summary, load_workload, replay, summarize_records
+from laps_jax.workload.http_replay import format_summary, replay, summarize_records
+from laps_jax.workload.load import load
 from laps_jax.workload.records import Trace, TraceOptions, TraceRequest
 from laps_jax.workload.sessions import write_sessions_jsonl
 
@@ -43,8 +44,7 @@ async def test_sessions_extend_previous_turn_and_hit_prefix_cache(server, tmp_pa
     cfg = SessionGenConfig(rate=50.0, mean_turns=2.5, max_turns=3, length_scale=0.1)
     path = tmp_path / "sessions.jsonl"
     write_sessions_jsonl(generate_sessions(6, cfg, seed=1), path)
-    work = load_workload(path, "sessions", TraceOptions(time_scale=0.02, vocab_size=1000,
-                                                        max_len=400))
+    work = load("sessions", path, TraceOptions(time_scale=0.02, vocab_size=1000, max_len=400))
     assert all(t.new_input_tokens <= 200 for s in work.sessions for t in s.turns)
     result = await replay(server.url, work, QUIET)
     recs = result.requests
@@ -71,7 +71,7 @@ async def test_sessions_extend_previous_turn_and_hit_prefix_cache(server, tmp_pa
 async def test_azure_trace_open_loop(server):
     opts = TraceOptions(max_requests=12, length_scale=0.05, time_scale=0.002, vocab_size=1000,
                         max_len=400)
-    work = load_workload(_azure_trace(), "azure", opts)
+    work = load("azure", _azure_trace(), opts)
     result = await replay(server.url, work, QUIET)
     assert [r.status for r in result.requests] == [200] * 12
     for req, r in zip(work, result.requests):

@@ -50,7 +50,7 @@ def test_no_compile_after_warmup_across_many_lengths():
     assert jax_compile_events() == events  # no XLA compile anywhere, not even a stray jnp op
     assert eng.kv.num_used == 0
     # prefill_prompts (what benchmarks set decode batches up with): whole prompts past the
-    # 64-token chunk, in prefill_plan's steps, ending where generate's prefill ends
+    # 64-token chunk, in next_prefill's steps, ending where generate's prefill ends
     longer = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (150, 70, 20)]
     greedy = SamplingParams(max_tokens=2, temperature=0.0)
     want = eng.generate(longer, greedy)

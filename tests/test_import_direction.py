@@ -15,16 +15,18 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 # config_fields.py, timing.py and cli.py are not packages and are checked apart)
 FORBIDDEN = {
     "pallas_kernels": {"models", "engine", "scheduler", "server", "bench", "sim", "workload",
-                       "text"},
-    "models": {"engine", "scheduler", "server", "bench", "sim", "workload", "text"},
-    "engine": {"scheduler", "server", "bench", "sim", "workload", "text"},
-    "scheduler": {"server", "workload", "bench", "models", "sim", "text"},
+                       "text", "cluster"},
+    "models": {"engine", "scheduler", "server", "bench", "sim", "workload", "text", "cluster"},
+    "engine": {"scheduler", "server", "bench", "sim", "workload", "text", "cluster", "offline"},
+    "scheduler": {"server", "workload", "bench", "models", "sim", "text", "cluster", "offline"},
     "sim": {"pallas_kernels", "models", "server", "text"},
     "text": {"pallas_kernels", "models", "engine", "scheduler", "server", "bench", "sim",
              "workload"},
     "workload": {"pallas_kernels", "models", "engine", "scheduler", "server", "bench", "sim",
                  "text"},
-    "server": {"bench", "sim", "workload"},
+    "server": {"bench", "sim", "workload", "offline"},
+    "offline": {"server", "bench", "sim", "workload", "cluster"},
+    "cluster": {"pallas_kernels", "models", "server", "bench", "sim", "workload", "text"},
 }
 
 

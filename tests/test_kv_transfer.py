@@ -23,7 +23,7 @@ def test_decode_after_handoff_equals_decode_in_place(layer_loop):
                 max_prefill_batch=1, max_decode_batch=1, layer_loop=layer_loop)
     src, dst = (Engine(CFG, params, EngineConfig(**ecfg)) for _ in range(2))
     for e in (src, dst):
-        e.transfer.warmup()
+        e.executables.warm_copies()
     rng = np.random.default_rng(0)
     prompt = rng.integers(10, CFG.vocab_size, 45).tolist()
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -59,7 +59,7 @@ def test_import_without_room_changes_nothing():
                                              max_chunk=64, max_prefill_batch=1,
                                              max_decode_batch=1))
     for e in (big, small):
-        e.transfer.warmup()
+        e.executables.warm_copies()
     small.kv.allocate(list(range(1000, 1224)))  # 28 of its 32 pages held: no room for 8
     seq = Sequence(list(range(10, 70)), SamplingParams(max_tokens=4))
     big.admit(seq)

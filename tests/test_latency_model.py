@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 
@@ -92,7 +93,7 @@ def _synthetic(dev: DeviceSpec, n: int, seed: int):
 def test_fit_recovers_a_known_device():
     dev = DeviceSpec("truth", 60e9, 8e9, 3e-3, attn_flops=15e9)
     shapes, secs = _synthetic(dev, 60, 0)
-    fitted = LatencyModel.fit(BENCH, 4, shapes[:45], secs[:45], kv_block=256)
+    fitted = LatencyModel.fit(BENCH, 4, shapes[:45], secs[:45], (256, 256))
     errs = relative_errors(fitted, shapes[45:], secs[45:])
     assert statistics.median(errs) < 0.05
     assert fitted.device.peak_flops == pytest.approx(60e9, rel=0.15)
@@ -126,7 +127,7 @@ def test_fit_finds_the_attention_form_and_the_ragged_rate():
     dev = DeviceSpec("truth", 200e9, 1e30, 5e-3, attn_flops=100e9, kv_bandwidth=6e9,
                      ragged_attn_flops=50e9, attn_overlap=False)
     shapes, secs = _synthetic(dev, 64, 2)
-    fitted = LatencyModel.fit(BENCH, 4, shapes[:48], secs[:48], kv_block=256)
+    fitted = LatencyModel.fit(BENCH, 4, shapes[:48], secs[:48], (256, 256))
     assert statistics.median(relative_errors(fitted, shapes[48:], secs[48:])) < 0.03
     assert fitted.device.attn_overlap is False
     assert fitted.device.ragged_rate == pytest.approx(50e9, rel=0.2)
@@ -160,8 +161,17 @@ def test_model_round_trips_through_json():
         assert again == m
 
 
-def test_ragged_cut_agrees_with_the_attention_kernel():
-    """The latency model keeps its own copy of the ragged/blocked cut (it imports no kernel)."""
-    from laps_jax.pallas_kernels.xla_attention import Q_BLOCK
-    from laps_jax.scheduler.latency_model import RAGGED_MAX_TOKENS
-    assert RAGGED_MAX_TOKENS == Q_BLOCK
+def test_blocks_come_from_the_engine_and_travel_with_the_model():
+    """The latency model prices the attention blocks it was fitted with (it imports no kernel):
+    the XLA backend's, saved and loaded with the model; the ragged cut moves with q_block."""
+    from laps_jax.pallas_kernels import attention_blocks
+    from laps_jax.pallas_kernels.xla_attention import KV_BLOCK, Q_BLOCK
+    assert attention_blocks("xla") == (KV_BLOCK, Q_BLOCK) and attention_blocks("pallas")[0] == 1
+    dev = DeviceSpec("d", 60e9, 8e9, 3e-3)
+    shapes, secs = _synthetic(dev, 30, 0)
+    fitted = LatencyModel.fit(BENCH, 4, shapes, secs, (256, 128))
+    again = LatencyModel.from_dict(json.loads(json.dumps(fitted.to_dict())), BENCH)
+    assert (again.kv_block, again.q_block) == (256, 128)
+    rows = StepShape.bucketed((200,) * 4, (1000, 0, 0, 0), 4, 256)
+    assert step_cost(BENCH, 4, rows, 256, 256).ragged  # rows of 256 go ragged at q_block 256
+    assert not step_cost(BENCH, 4, rows, 256, 128).ragged  # ...not at 128

@@ -187,9 +187,9 @@ def test_shutdown_timeout_ends_running_streams(engine_for, monkeypatch):
     engine, path = engine_for("gqa2_untied")
     decode = engine.decode
 
-    def slow_decode(seqs):
+    def slow_decode(seqs, bucket=None):
         time.sleep(0.02)
-        return decode(seqs)
+        return decode(seqs, bucket)
 
     monkeypatch.setattr(engine, "decode", slow_decode)
     s = InProcessServer(engine, Tokenizer(path))

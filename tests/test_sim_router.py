@@ -6,7 +6,7 @@ import pytest
 
 from laps_jax.engine.sequence import SamplingParams
 from laps_jax.scheduler.clock import SimClock, run_simulated
-from laps_jax.scheduler.router import Router, RouterConfig
+from laps_jax.cluster.inprocess import Router, RouterConfig
 from laps_jax.sim import workload as wl
 from laps_jax.sim.instance import build_dispatcher
 from sim_fixtures import CFG, MODEL, spec

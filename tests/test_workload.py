@@ -15,8 +15,9 @@ from laps_jax.workload.records import (TokenSpace, TraceFormatError, TraceOption
 from laps_jax.workload.sessions import (Session, SessionTrace, Turn, build_turn_prompt,
                                         flatten_sessions, read_sessions_jsonl, session_summary,
                                         write_sessions_jsonl)
-from laps_jax.workload.traces import (detect_format, load_trace, parse_azure_timestamp,
-                                      read_azure_csv, read_mooncake_jsonl)
+from laps_jax.workload.load import load
+from laps_jax.workload.traces import (detect_format, parse_azure_timestamp, read_azure_csv,
+                                      read_mooncake_jsonl)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,8 @@ def test_load_trace_dispatch(tmp_path):
     f = tmp_path / "s.jsonl"
     write_sessions_jsonl(generate_sessions(5, seed=1), f)
     assert detect_format(f) == "sessions"
-    assert len(load_trace(f)) == sum(len(s.turns) for s in read_sessions_jsonl(f).sessions)
+    assert len(flatten_sessions(load(None, f))) == sum(len(s.turns)
+                                                      for s in read_sessions_jsonl(f).sessions)
 
 
 # ---------------------------------------------------------------- sessions

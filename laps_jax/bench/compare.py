@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import os
 import statistics
-import time
 from typing import TYPE_CHECKING, Callable
 
 from laps_jax.config import EngineConfig, resolve_model
@@ -28,15 +27,17 @@ from laps_jax.bench.cpu_meter import run_unbusy
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
-from laps_jax.scheduler.profiling import kv_block_of, load_profile, plan_shapes, profile
+from laps_jax.scheduler.profiling import (attention_blocks_of, load_profile, plan_shapes,
+                                          profile)
 from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.bench.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
 from laps_jax.bench.variants import Variant, apply
 from laps_jax.scheduler.window import WindowConfig
+from laps_jax.workload.load import load as load_trace
 from laps_jax.workload.records import TraceOptions
-from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
-from laps_jax.workload.traces import read_azure_csv, read_mooncake_jsonl
+from laps_jax.workload.sessions import SessionTrace
+from laps_jax.workload.traces import detect_format
 
 if TYPE_CHECKING:  # the engine (JAX) is imported only where a real run builds one
     from laps_jax.engine.engine import Engine
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # the engine (JAX) is imported only where a real run builds o
 class CompareOptions:
     model: str
     trace: str
-    trace_format: str
+    trace_format: str | None           # None: detected from the file
     output_dir: str
     ecfg: EngineConfig
     modes: tuple[str, ...] = ("mixed", "laps", "laps-spatial")
@@ -89,23 +90,16 @@ class CompareOptions:
         return set(self.modes) | {v.mode for v in self.variants}
 
 
-def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None, object]:
-    from laps_jax.engine.engine import Engine  # JAX: only for real (not simulated) runs
-    from laps_jax.engine.executables import enable_persistent_cache
-    from laps_jax.models.loader import load_model
-    enable_persistent_cache(o.compile_cache)
-    loaded = load_model(o.model, o.dtype, o.seed)
+def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None]:
+    """The engine, and laps-spatial's second one on the same device (no tokenizer: replays
+    stop at their trace's output lengths, never at an EOS)."""
+    from laps_jax.builder import EngineBuild, build  # JAX: only for real (not simulated) runs
     ecfg = o.ecfg if o.buckets else dataclasses.replace(o.ecfg, min_chunk=o.ecfg.max_chunk,
                                                        max_prefill_batch=1)
-    made = []
-    for i in range(2 if "laps-spatial" in o.base_modes() else 1):
-        t0 = time.perf_counter()
-        e = Engine(loaded.cfg, loaded.params, dataclasses.replace(ecfg))
-        e.warmup()
-        log(f"engine {i}: {len(e.runner.executables)} executables ready in "
-            f"{time.perf_counter() - t0:.1f} s")
-        made.append(e)
-    return made[0], (made[1] if len(made) > 1 else None), loaded
+    built = build(EngineBuild(o.model, ecfg, o.dtype, o.seed,
+                              engines=2 if "laps-spatial" in o.base_modes() else 1,
+                              tokenizer=False, compile_cache=o.compile_cache), log=log)
+    return built.engine, built.long_engine
 
 
 def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel, float | None]:
@@ -121,21 +115,20 @@ def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel
     engine.kv.clear_prefix_cache()
     return LatencyModel.fit(engine.cfg, engine.runner.kv_dtype.itemsize,
                             [s.shape for s in samples], [s.seconds for s in samples],
-                            kv_block_of(engine), "quick-profile"), None
+                            attention_blocks_of(engine), "quick-profile"), None
 
 
 def _workload(o: CompareOptions, vocab: int, max_len: int):
     opts = TraceOptions(max_requests=o.max_requests, length_scale=o.length_scale,
                         vocab_size=vocab, max_len=max_len, seed=o.seed)
     cap = o.max_output or 1 << 30
-    if o.trace_format == "sessions":
-        st = read_sessions_jsonl(o.trace, opts)
-        for s in st.sessions:
+    work = load_trace(o.trace_format, o.trace, opts)
+    if isinstance(work, SessionTrace):
+        for s in work.sessions:
             s.turns = [dataclasses.replace(t, output_tokens=min(t.output_tokens, cap))
                        for t in s.turns]
-        return st
-    reader = read_azure_csv if o.trace_format == "azure" else read_mooncake_jsonl
-    reqs = open_requests(reader(o.trace, opts))
+        return work
+    reqs = open_requests(work)
     for r in reqs:
         r.max_tokens = min(r.max_tokens, cap)
     return reqs
@@ -214,8 +207,8 @@ def _executor(o: CompareOptions, sim: bool, engines, model):
 
     def simulated(mode, work, ts, cfg, slo_fn, max_len):
         e = o.ecfg
-        grid = BucketGrid.default(e.max_chunk, e.max_prefill_batch, e.max_decode_batch,
-                                  e.min_chunk if o.buckets else e.max_chunk, e.max_batch_tokens)
+        grid = BucketGrid.of_settings(e if o.buckets
+                                      else dataclasses.replace(e, min_chunk=e.max_chunk))
         clock = SimClock()
         make = lambda name: SimExecutor(SimEngine(grid, e.num_pages, e.page_size,
                                                   e.max_model_len, model.cfg.vocab_size,
@@ -229,7 +222,8 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     if len({v.name for v in o.variants}) != len(o.variants):
         raise ValueError("two variants share a name")
     os.makedirs(o.output_dir, exist_ok=True)
-    o = dataclasses.replace(o, ecfg=resolve_settings(o.ecfg, resolve_model(o.model)[0]))
+    o = dataclasses.replace(o, ecfg=resolve_settings(o.ecfg, resolve_model(o.model)[0]),
+                            trace_format=o.trace_format or detect_format(o.trace))
     if o.simulate:
         if not o.profile:
             raise ValueError("--simulate needs --profile (the latency model to simulate with)")
@@ -239,13 +233,11 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         max_len = min(o.ecfg.max_model_len, model_cfg.max_context)
         vocab = model_cfg.vocab_size
     else:
-        engine, long_engine, loaded = _engines(o, log)
+        engine, long_engine = _engines(o, log)
         model, speed = _latency_model(o, engine, log)
-        max_len, vocab = engine.ecfg.max_model_len, loaded.cfg.vocab_size
+        max_len, vocab = engine.ecfg.max_model_len, engine.cfg.vocab_size
     execute = _executor(o, o.simulate, (engine, long_engine), model)
-    ref_grid = BucketGrid.default(o.ecfg.max_chunk, o.ecfg.max_prefill_batch,
-                                  o.ecfg.max_decode_batch, o.ecfg.min_chunk,
-                                  o.ecfg.max_batch_tokens)
+    ref_grid = BucketGrid.of_settings(o.ecfg)
     slo_fn = lambda new, cached: o.slo_scale * model.predict_prefill(max(new, 1), cached, ref_grid)
     work = _workload(o, vocab, max_len)
     n_req = work.num_requests if isinstance(work, SessionTrace) else len(work)

@@ -1,11 +1,12 @@
 """Replays a trace against a dispatcher in-process: what compare_modes measures.
 
 Open-loop traces (Azure, Mooncake) submit each request at its scaled arrival time. Session traces
-run closed-loop: turn k+1 is sent `think_s` after turn k's answer is complete, and its prompt is
-turn k's prompt + the answer actually generated + the new input, so the prefix cache sees real
-multi-turn reuse. Arrival (and think) times are multiplied by `time_scale`. A request's TTFT SLO
-comes from `slo_fn(new_tokens, cached_tokens)`, with the new tokens the trace implies (session
-history and Mooncake blocks already seen count as cached), so it is the same in every mode.
+run closed-loop through `workload.driver` (the driver every replayer shares): turn k+1 is sent
+`think_s` after turn k's answer is complete, and its prompt is turn k's prompt + the answer
+actually generated + the new input, so the prefix cache sees real multi-turn reuse. Arrival (and
+think) times are multiplied by `time_scale`. A request's TTFT SLO comes from
+`slo_fn(new_tokens, cached_tokens)`, with the new tokens the trace implies (session history and
+Mooncake blocks already seen count as cached), so it is the same in every mode.
 `late_s` submits each request that long after the arrival it is stamped with: a simulated replay
 uses it for the lateness a real one measures (`RequestStats.submitted - arrival`: timers of a
 busy event loop fire late).
@@ -13,15 +14,15 @@ busy event loop fire late).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import Callable
 
 from laps_jax.engine.sequence import SamplingParams
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.request import RequestStats
+from laps_jax.workload.driver import SessionPacing, SessionTurn, run_sessions
 from laps_jax.workload.records import Trace
-from laps_jax.workload.sessions import Session, SessionTrace, flatten_sessions
+from laps_jax.workload.sessions import SessionTrace, flatten_sessions
 
 SloFn = Callable[[int, int], float]
 
@@ -87,33 +88,18 @@ async def replay_open(dispatcher, reqs: list[OpenRequest], time_scale: float, sl
     return [await h.result() for h in handles]
 
 
-async def _session(dispatcher, s: Session, trace: SessionTrace, start: float, time_scale: float,
-                   slo_fn: SloFn, clock: Clock, max_len: int,
-                   late_s: float = 0.0) -> list[RequestStats]:
-    out: list[RequestStats] = []
-    prompt: list[int] | None = None
-    answer: list[int] | None = None
-    t = start + s.arrival_s * time_scale
-    for k, turn in enumerate(s.turns):
-        if k:
-            t = clock.now() + turn.think_s * time_scale
-        prompt = s.prompt_ids(k, trace.token_space, prompt, answer)
-        n_out = max(1, turn.output_tokens)
-        if len(prompt) + n_out > max_len:
-            break  # the conversation outgrew the context: it ends here
-        await clock.sleep(t + late_s - clock.now())
-        new = min(turn.new_input_tokens, len(prompt))
-        h = dispatcher.submit(prompt, _params(n_out), arrival_time=t,
-                              request_id=f"{s.session_id}/{k}",
-                              slo=slo_fn(new, len(prompt) - new))
-        out.append(await h.result())
-        answer = h.tokens
-    return out
-
-
 async def replay_sessions(dispatcher, trace: SessionTrace, time_scale: float, slo_fn: SloFn,
                           clock: Clock, max_len: int, late_s: float = 0.0) -> list[RequestStats]:
-    start = clock.now()
-    runs = await asyncio.gather(*(_session(dispatcher, s, trace, start, time_scale, slo_fn,
-                                           clock, max_len, late_s) for s in trace.sessions))
-    return [st for run in runs for st in run]
+    """The sessions closed loop (`workload.driver`), each turn submitted to `dispatcher`; the
+    stats come back per session, in session and turn order."""
+    stats: dict[str, list[RequestStats]] = {s.session_id: [] for s in trace.sessions}
+
+    async def submit(turn: SessionTurn) -> list[int]:
+        h = dispatcher.submit(turn.prompt, _params(turn.max_tokens), arrival_time=turn.arrival_s,
+                              request_id=turn.request_id,
+                              slo=slo_fn(turn.new_tokens, turn.cached_tokens))
+        stats[turn.session.session_id].append(await h.result())
+        return h.tokens  # a failed turn's too: the session goes on with what it got
+
+    await run_sessions(trace, submit, clock, SessionPacing(time_scale, late_s, max_len))
+    return [st for s in trace.sessions for st in stats[s.session_id]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from laps_jax.scheduler.flags import count_or_off
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig, check
 
 
@@ -23,11 +24,6 @@ def flag(value: str) -> bool:
     if v in ("0", "false", "off", "no"):
         return False
     raise ValueError(value)
-
-
-def count_or_off(value: str) -> int | None:
-    """A whole number, or 'off'/'none' for a setting that None turns off."""
-    return None if value.lower() in ("off", "none") else int(value)
 
 
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;

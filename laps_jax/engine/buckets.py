@@ -7,6 +7,7 @@ JAX; `executables.py` compiles them.
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -18,6 +19,11 @@ class Bucket:
     @property
     def is_decode(self) -> bool:
         return self.tokens == 1
+
+
+def padding_fraction(real_tokens: int, bucket_tokens: int) -> float:
+    """Share of the buckets' tokens that were padding (0 before any step)."""
+    return 1.0 - real_tokens / bucket_tokens if bucket_tokens else 0.0
 
 
 def pow2_range(lo: int, hi: int) -> list[int]:
@@ -40,13 +46,27 @@ class BucketGrid:
 
     @classmethod
     def default(cls, max_chunk: int = 2048, max_prefill_batch: int = 8, max_decode_batch: int = 32,
-                min_tokens: int = 16, max_batch_tokens: int | None = None) -> "BucketGrid":
+                min_tokens: int = 16, max_batch_tokens: int | None = None,
+                widths: Sequence[int] | None = None) -> "BucketGrid":
+        """Prefill widths in powers of two from `min_tokens` to `max_chunk` (or `widths` as
+        given), batches in powers of two, under a budget of `max_batch_tokens` a step."""
+        if widths:
+            widths = sorted(set(widths))
+            min_tokens, max_chunk = widths[0], widths[-1]
         budget = max_batch_tokens or max_chunk
         min_tokens = min(min_tokens, max_chunk)
         # a batch size with no bucket under the budget is never compiled nor planned
         batches = [b for b in pow2_range(1, max_prefill_batch) if b * min_tokens <= budget]
-        return cls(batches or [1], pow2_range(min_tokens, max_chunk),
+        return cls(batches or [1], widths or pow2_range(min_tokens, max_chunk),
                    pow2_range(1, max_decode_batch), budget)
+
+    @classmethod
+    def of_settings(cls, s) -> "BucketGrid":
+        """The grid an engine with settings `s` compiles (an `EngineConfig`, or anything with
+        its bucket fields): the engine, the comparison harness and the simulator's validation
+        all build it here."""
+        return cls.default(s.max_chunk, s.max_prefill_batch, s.max_decode_batch, s.min_chunk,
+                           s.max_batch_tokens)
 
     def prefill_buckets(self, prompt_logprobs: bool = False) -> list[Bucket]:
         return list(self._prefill_buckets(prompt_logprobs))
@@ -86,6 +106,17 @@ class BucketGrid:
             if b is not None:
                 return b
         return self.fit_prefill(n_seqs, max_new, prompt_logprobs)
+
+    def check_holds(self, bucket: Bucket, widths: list[int], prompt_logprobs: bool = False
+                    ) -> None:
+        """Raises ValueError unless `bucket` is one of this grid's and holds rows of `widths`
+        new tokens: a planned bucket is checked where it runs, never chosen again there."""
+        ours = (bucket in self.decode_buckets() if bucket.is_decode and not prompt_logprobs
+                else bucket in self._prefill_buckets(prompt_logprobs))
+        if not ours or len(widths) > bucket.batch or max(widths, default=0) > bucket.tokens:
+            raise ValueError(f"planned bucket {bucket.batch}x{bucket.tokens} does not hold "
+                             f"{len(widths)} rows of at most {max(widths, default=0)} new "
+                             f"tokens{'' if ours else ' (not in the grid)'}")
 
     def fit_decode(self, n_seqs: int) -> Bucket | None:
         for b in self.decode_batches:

@@ -11,9 +11,11 @@ import logging
 from typing import Iterable, Sequence as Seq
 
 from laps_jax.config import EngineConfig, ModelConfig
-from laps_jax.engine.buckets import BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid
+from laps_jax.engine.compile_owner import EngineExecutables
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
 from laps_jax.engine.kv_transfer import KVTransfer
+from laps_jax.engine.packing import shortest_first
 from laps_jax.engine.paged import PagedSequences
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
 from laps_jax.engine.settings import resolve as resolve_settings
@@ -30,9 +32,7 @@ class Engine(PagedSequences):
                  eos_token_ids: Iterable[int] = ()):
         self.cfg = cfg
         self.ecfg = ecfg = resolve_settings(ecfg or EngineConfig(), cfg)
-        self.grid = BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
-                                       ecfg.max_decode_batch, ecfg.min_chunk,
-                                       ecfg.max_batch_tokens)
+        self.grid = BucketGrid.of_settings(ecfg)
         self.runner = ModelRunner(cfg, params, num_pages=ecfg.num_pages,
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,
@@ -40,12 +40,11 @@ class Engine(PagedSequences):
                                   layer_loop=ecfg.layer_loop or default_layer_loop(params))
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
-        # KV hand-off (laps-spatial): its copies compile in transfer.warmup(), which the
-        # dispatcher runs at start
-        self.transfer = KVTransfer(self.runner)
+        self.transfer = KVTransfer(self.runner)  # laps-spatial's KV hand-off
+        self.executables = EngineExecutables(self.runner, self.transfer)  # compiles them all
 
     def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
-        self.runner.warmup(prompt_logprobs, progress)
+        self.executables.warmup(prompt_logprobs, progress)
 
     # -- admission ------------------------------------------------------------------------
     def check_prompt(self, prompt: Seq[int], max_tokens: int = 0) -> None:
@@ -83,15 +82,16 @@ class Engine(PagedSequences):
                         top_k, top_p, u, next_token)
 
     def prefill(self, work: Seq[tuple[Sequence, int]], prompt_logprobs: bool = False,
-                sample: bool = True) -> list[SeqOutput]:
-        """Computes `n` more prompt tokens of each sequence in one bucket. A sequence whose
-        prompt completes gets its first token (when `sample`) and moves to decode."""
+                sample: bool = True, bucket: Bucket | None = None) -> list[SeqOutput]:
+        """Computes `n` more prompt tokens of each sequence in one bucket (`bucket`, when the
+        caller planned one). A sequence whose prompt completes gets its first token (when
+        `sample`) and moves to decode."""
         inputs = []
         for seq, n in work:
             start = seq.num_computed
             nxt = seq.prompt[start + n] if start + n < len(seq.prompt) else -1
             inputs.append(self._input(seq, start, n, nxt))
-        outs = self.runner.run(inputs, prompt_logprobs)
+        outs = self.runner.run(inputs, prompt_logprobs, bucket)
         for (seq, n), out in zip(work, outs):
             seq.next_u = None
             seq.num_computed += n
@@ -102,14 +102,16 @@ class Engine(PagedSequences):
                     self._append(seq, out)
         return outs
 
-    def decode(self, seqs: Seq[Sequence]) -> list[SeqOutput]:
-        """One token for each sequence. Raises OutOfPages before touching anything."""
+    def decode(self, seqs: Seq[Sequence], bucket: Bucket | None = None) -> list[SeqOutput]:
+        """One token for each sequence (in `bucket`, when the caller planned one). Raises
+        OutOfPages before touching anything."""
         need = sum(max(self.kv.pages_for(s.num_tokens) - len(s.pages.pages), 0) for s in seqs)
         if need > self.kv.num_free:
             raise OutOfPages(f"decode needs {need} more KV pages, {self.kv.num_free} free")
         for s in seqs:
             self.kv.grow(s.pages, s.num_tokens)
-        outs = self.runner.run([self._input(s, s.num_tokens - 1, 1) for s in seqs])
+        outs = self.runner.run([self._input(s, s.num_tokens - 1, 1) for s in seqs], False,
+                               bucket)
         for s, out in zip(seqs, outs):
             s.next_u = None
             s.num_computed = s.num_tokens
@@ -134,33 +136,18 @@ class Engine(PagedSequences):
             self.release(seq)
 
     # -- a simple synchronous loop ---------------------------------------------------------
-    def prefill_plan(self, seqs: Seq[Sequence]) -> list[list[tuple[Sequence, int]]]:
-        """Groups pending prompt work into bucket-sized steps: similar lengths together."""
-        todo = sorted((s for s in seqs if s.remaining_prefill > 0),
-                      key=lambda s: s.remaining_prefill)
-        steps, cur = [], []
-        budget = self.grid.max_batch_tokens
-        for s in todo:
-            n = min(s.remaining_prefill, self.grid.max_chunk)
-            width = max([n] + [c for _, c in cur])
-            if cur and (len(cur) + 1 > self.grid.prefill_batches[-1]
-                        or self.grid.fit_prefill(len(cur) + 1, width) is None
-                        or (len(cur) + 1) * width > budget):
-                steps.append(cur)
-                cur = []
-            cur.append((s, n))
-        if cur:
-            steps.append(cur)
-        return steps
+    def next_prefill(self, seqs: Seq[Sequence]) -> list[tuple[Sequence, int]]:
+        """The next prefill step over `seqs` (empty when none has prompt left): the shortest
+        remaining prompts, as many as one bucket holds, packed as the dispatcher packs."""
+        return shortest_first(seqs, lambda s: s.remaining_prefill, self.grid)
 
     def prefill_prompts(self, seqs: Seq[Sequence]) -> None:
-        """Admits `seqs` and prefills their whole prompts in the steps `prefill_plan` picks
+        """Admits `seqs` and prefills their whole prompts in the steps `next_prefill` picks
         (benchmarks set up decode batches with it)."""
         for s in seqs:
             self.admit(s)
-        while any(s.remaining_prefill for s in seqs):
-            for step in self.prefill_plan(seqs):
-                self.prefill(step)
+        while step := self.next_prefill(seqs):
+            self.prefill(step)
 
     def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams]
                  ) -> list[Sequence]:
@@ -180,7 +167,8 @@ class Engine(PagedSequences):
                         raise
                     break
                 running.append(waiting.pop(0))
-            for step in self.prefill_plan([s for s in running if s.status is Status.PREFILL])[:1]:
+            step = self.next_prefill([s for s in running if s.status is Status.PREFILL])
+            if step:
                 self.prefill(step)
             dec = [s for s in running if s.status is Status.DECODE]
             for i in range(0, len(dec), self.grid.decode_batches[-1]):

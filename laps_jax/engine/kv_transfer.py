@@ -3,8 +3,9 @@
 laps-spatial prefills long requests on one device group and decodes on the other; this moves a
 sequence's computed K/V (every layer) from the prefilling engine to the decoding one. Copies are
 bucketed by page count (powers of 4, padded with the trash page 0 on both sides) and compiled
-by `warmup` in an `ExecutableCache` like the step buckets, so a hand-off never compiles on the
-request path, and one that would is counted with the runner's compiles after warm-up. Works with both layer loops
+by the engine's compile owner (`compile_owner.EngineExecutables.warm_copies`) in an
+`ExecutableCache` like the step buckets, so a hand-off never compiles on the request path, and
+one that would is counted with the steps' compiles after warm-up. Works with both layer loops
 (stacked [L, pages, ...] pools or one pool per layer).
 """
 
@@ -73,21 +74,6 @@ class KVTransfer:
         rest = (r.page_size, r.cfg.num_kv_heads, r.cfg.head_dim)
         data = jax.ShapeDtypeStruct((r.cfg.num_layers, n, *rest), r.kv_dtype)
         return jax.jit(_scatter, donate_argnums=(0, 1)), (kc, vc, idx, data, data)
-
-    def warmup(self, progress=None) -> None:
-        """Compiles every copy bucket and runs each once (XLA's first run is slow) on the trash
-        page 0 only."""
-        if self.executables.warm:
-            return
-        self.executables.warmup([(k, n) for n in self.sizes for k in ("gather", "scatter")],
-                                progress)
-        r = self.runner
-        for n in self.sizes:
-            trash = np.zeros(n, np.int32)
-            k, v = self.executables.get(("gather", n))(r.k_cache, r.v_cache, trash)
-            r.k_cache, r.v_cache = self.executables.get(("scatter", n))(r.k_cache, r.v_cache,
-                                                                         trash, k, v)
-        jax.block_until_ready((r.k_cache, r.v_cache))
 
     def _index(self, pages: list[int]) -> np.ndarray:
         idx = np.zeros(self.bucket(len(pages)), np.int32)  # padding reads/writes trash page 0

@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from laps_jax.config import ModelConfig
+from laps_jax.engine.buckets import padding_fraction
 from laps_jax.engine.executables import Bucket, BucketGrid, ExecutableCache
 from laps_jax.engine.sampling import SampleOut, SamplingArrays, sample
+from laps_jax.pallas_kernels import attention_blocks
 from laps_jax.models.qwen2 import (LAYER_LOOPS, Batch, forward_hidden, last_hidden, lm_logits,
                                    unstack_layers)
 
@@ -49,7 +51,7 @@ class RunnerStats:
 
     @property
     def padding_fraction(self) -> float:
-        return 1.0 - self.real_tokens / self.bucket_tokens if self.bucket_tokens else 0.0
+        return padding_fraction(self.real_tokens, self.bucket_tokens)
 
 
 @dataclasses.dataclass
@@ -91,6 +93,7 @@ class ModelRunner:
         self.pages_per_seq = -(-max_model_len // page_size)
         self.grid = grid or BucketGrid.default()
         self.attention_backend, self.layer_loop = attention_backend, layer_loop
+        self.attention_blocks = attention_blocks(attention_backend)  # for the latency model
         self.kv_dtype = jnp.dtype(kv_dtype or jax.tree.leaves(params)[0].dtype)
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         if mesh is not None:  # tensor parallel: weights and KV heads split over the mesh
@@ -125,34 +128,6 @@ class ModelRunner:
         args = (jax.tree.map(abstract, self.params), jax.tree.map(abstract, self.k_cache),
                 jax.tree.map(abstract, self.v_cache), batch, sampling, i32(B, T))
         return fn, args
-
-    def all_buckets(self, prompt_logprobs: bool = False) -> list[Bucket]:
-        """Every shape a server runs: prefill and decode (and prompt log-prob prefill)."""
-        buckets = self.grid.prefill_buckets() + self.grid.decode_buckets()
-        if prompt_logprobs:
-            buckets += self.grid.prefill_buckets(True)
-        return buckets
-
-    def compile(self, buckets: Sequence[Bucket], progress=None) -> None:
-        self.executables.warmup(list(buckets), progress)
-
-    def warmup(self, prompt_logprobs: bool = False, progress=None) -> None:
-        buckets = self.all_buckets(prompt_logprobs)
-        self.compile(buckets, progress)
-        self.prime(buckets)
-
-    def prime(self, buckets: Sequence[Bucket], progress=None) -> None:
-        """Runs every executable once on a full batch whose pages are all the trash page 0 (no
-        sequence's K/V is touched). XLA's first execution of a compiled program costs 60-200 ms
-        more than later ones on this CPU (16-token prefill: 84 ms first, 9 ms after); without
-        this the first requests after start-up paid it, and a capacity burst run first measured
-        7.1 instead of 11.2 requests/s. The rows are full (not 0 tokens): code inside the
-        attention loops only warms up when it runs."""
-        todo = sorted(set(buckets))
-        for i, bucket in enumerate(todo):
-            self.run_trash(bucket, self.executables.get(bucket))
-            if progress:
-                progress(i + 1, len(todo))
 
     def run_trash(self, bucket: Bucket, exe) -> None:
         """One step of `exe` on full rows whose K/V all goes to the trash page 0; waits."""
@@ -201,9 +176,15 @@ class ModelRunner:
         batch = Batch(tokens, q_lens, cached, table)
         return batch, SamplingArrays(temp, top_k, top_p, uniform), targets
 
-    def launch(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False):
-        """Dispatches one step; returns device outputs without waiting for them."""
-        bucket = self.bucket_for(seqs, prompt_logprobs)
+    def launch(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False,
+               bucket: Bucket | None = None):
+        """Dispatches one step in `bucket` (the scheduler's plan, checked to hold the rows) or,
+        for callers with no plan, the smallest bucket that holds them; returns device outputs
+        without waiting for them."""
+        if bucket is None:
+            bucket = self.bucket_for(seqs, prompt_logprobs)
+        else:
+            self.grid.check_holds(bucket, [len(s.new_tokens) for s in seqs], prompt_logprobs)
         exe = self.executables.get(bucket)
         batch, sampling, targets = self.pack(seqs, bucket)
         self.stats.steps[bucket] = self.stats.steps.get(bucket, 0) + 1
@@ -223,5 +204,6 @@ class ModelRunner:
                           out.top_logprobs[i], None if tl is None else tl[i, :lens[i]])
                 for i in range(n)]
 
-    def run(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False) -> list[SeqOutput]:
-        return self.fetch(self.launch(seqs, prompt_logprobs))
+    def run(self, seqs: Sequence[SeqInput], prompt_logprobs: bool = False,
+            bucket: Bucket | None = None) -> list[SeqOutput]:
+        return self.fetch(self.launch(seqs, prompt_logprobs, bucket))

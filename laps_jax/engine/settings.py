@@ -1,4 +1,5 @@
-"""Engine settings made concrete for one model, or refused before anything is compiled.
+"""Engine settings: the flags that set them (`add_args`, `from_args`), made concrete for one
+model, or refused before anything is compiled.
 
 The bucket grid follows from the context: the context defaults to the model's own (a RoPE
 extension included) or what the KV pool holds if that is less; the largest prefill bucket
@@ -10,6 +11,7 @@ start-up, not minutes later when a warm-up batch does not fit its pages.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 
@@ -76,3 +78,46 @@ def resolve(ecfg: EngineConfig, model: ModelConfig) -> EngineConfig:
                                 f"sequence): {pool_desc}, {pages} pages")
     return dataclasses.replace(ecfg, max_model_len=max_len, max_chunk=chunk,
                                min_chunk=min(ecfg.min_chunk, chunk))
+
+
+def add_args(g) -> None:
+    """The `EngineConfig` flags, on a parser or argument group (scripts set their own defaults
+    with `set_defaults`)."""
+    e = EngineConfig()
+    g.add_argument("--attention-backend", choices=("xla", "pallas"), default=None,
+                   help="attention path (default: pallas on GPU, xla on CPU)")
+    g.add_argument("--layer-loop", choices=("scan", "unroll"), default=None,
+                   help="scan: stacked layers under one lax.scan (compile time independent of "
+                        "depth); unroll: one weight set per layer, faster on the CPU where the "
+                        "scan copies each layer's weights (default: unroll on CPU, scan on GPU)")
+    g.add_argument("--max-model-len", type=int, default=e.max_model_len,
+                   help="longest prompt + output in tokens; more than the model's context is "
+                        "capped at it (default: the model's context, a RoPE extension such as "
+                        "YaRN included, or what the KV pool holds if that is less)")
+    g.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
+                   help="KV page pool capacity in tokens; must hold --max-model-len "
+                        "(default %(default)s)")
+    g.add_argument("--page-size", type=int, default=e.page_size,
+                   help="tokens per KV page (default %(default)s)")
+    g.add_argument("--max-chunk", type=int, default=e.max_chunk,
+                   help="largest prefill bucket in new tokens per sequence; longer prompts run "
+                        f"in chunks; at most --max-model-len (default: {DEFAULT_MAX_CHUNK}, or "
+                        "the context if shorter)")
+    g.add_argument("--max-prefill-batch", type=int, default=e.max_prefill_batch,
+                   help="sequences per prefill bucket (default %(default)s)")
+    g.add_argument("--max-decode-batch", type=int, default=e.max_decode_batch,
+                   help="sequences per decode bucket (default %(default)s)")
+    g.add_argument("--dot-tuning-tokens", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def from_args(args) -> EngineConfig:
+    """The settings the flags ask for, as given (`resolve` makes them concrete for a model).
+    Raises SettingsError for the removed --dot-tuning-tokens."""
+    if getattr(args, "dot_tuning_tokens", 0):  # an experiment that could crash the process
+        raise SettingsError("--dot-tuning-tokens was removed: XLA's experimental oneDNN dots "
+                            "could crash the process at start-up; every bucket uses XLA's own")
+    return EngineConfig(page_size=args.page_size, kv_cache_tokens=args.kv_cache_tokens,
+                        max_model_len=args.max_model_len, max_chunk=args.max_chunk,
+                        max_prefill_batch=args.max_prefill_batch,
+                        max_decode_batch=args.max_decode_batch,
+                        attention_backend=args.attention_backend, layer_loop=args.layer_loop)

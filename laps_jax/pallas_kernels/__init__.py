@@ -8,9 +8,16 @@ from __future__ import annotations
 import jax
 
 from laps_jax.pallas_kernels.reference import paged_attention_reference
-from laps_jax.pallas_kernels.xla_attention import paged_attention_xla
+from laps_jax.pallas_kernels.xla_attention import KV_BLOCK, Q_BLOCK, paged_attention_xla
 
 BACKENDS = ("xla", "pallas")
+
+
+def attention_blocks(backend: str) -> tuple[int, int]:
+    """(kv_block, q_block) of a backend, what the latency model prices: the XLA path reads K/V
+    in blocks of `kv_block` keys and runs batches of rows up to `q_block` tokens ragged; the
+    Pallas kernels are exact per sequence (1) and have no ragged cut (0)."""
+    return (KV_BLOCK, Q_BLOCK) if backend == "xla" else (1, 0)
 
 
 def default_backend() -> str:
@@ -31,5 +38,5 @@ def paged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
     raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
 
 
-__all__ = ["BACKENDS", "default_backend", "paged_attention", "paged_attention_reference",
+__all__ = ["BACKENDS", "attention_blocks", "default_backend", "paged_attention", "paged_attention_reference",
            "paged_attention_xla"]

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 NEG_INF = -1e30
 Q_BLOCK = 256  # query rows per block of the blocked path; batches of shorter rows go ragged
+KV_BLOCK = 256  # keys per block of both paths (`block_tokens`)
 
 
 def _blocked_table(page_table, bp: int):
@@ -33,7 +34,7 @@ def _blocked_table(page_table, bp: int):
 
 
 def ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                     scale: float, block_tokens: int = 256):
+                     scale: float, block_tokens: int = KV_BLOCK):
     """All of q's rows as one query block; work proportional to the keys each sequence has."""
     B, T, nq, hd = q.shape
     ps, kvh = k_cache.shape[2], k_cache.shape[3]
@@ -91,7 +92,7 @@ def ragged_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table
 
 
 def paged_attention_xla(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                        scale: float, block_tokens: int = 256, q_block: int = Q_BLOCK):
+                        scale: float, block_tokens: int = KV_BLOCK, q_block: int = Q_BLOCK):
     """Several sequences of at most one query block each ragged; the rest (one sequence:
     nothing to gain; long chunks: the causal skip of query blocks) blocked."""
     if q.shape[0] > 1 and q.shape[1] <= q_block:
@@ -102,7 +103,7 @@ def paged_attention_xla(q, k_cache, v_cache, layer, q_lens, cached_lens, page_ta
 
 
 def blocked_attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table,
-                      scale: float, block_tokens: int = 256, q_block: int = Q_BLOCK):
+                      scale: float, block_tokens: int = KV_BLOCK, q_block: int = Q_BLOCK):
     """Query blocks x KV blocks with an online softmax; every row walks to the batch's
     longest history."""
     B, T, nq, hd = q.shape

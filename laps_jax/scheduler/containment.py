@@ -6,7 +6,7 @@ runs the batch again in halves, and halves of the halves that fail, until a fail
 single request to its name: that request fails (its pages freed, its client told), the others
 finish their step. One bad request in a batch of B costs about 2*log2(B) extra steps, once; a
 failure that is not any request's (a broken device) fails each request of the batch once, and
-none of them is ever retried.
+none of them is ever retried. The halves run in the step's planned bucket, which holds them.
 """
 
 from __future__ import annotations

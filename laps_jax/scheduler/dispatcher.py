@@ -73,9 +73,8 @@ class Dispatcher:
         if mode == "laps-spatial":  # the long group's chunks hold up no short work: full size
             cfg = dataclasses.replace(cfg, long_chunk_ratio=None)
         self.derived = derive(cfg, execs[0].grid, latency_model)
-        self.threshold = self.derived.threshold
         self.lanes = [Lane(n, ex, make_planner(mode, ex.grid, self.derived), self.clock,
-                           self.threshold, self._on_finish, self.derived.decode_gap_s)
+                           self.derived.is_short, self._on_finish, self.derived.decode_gap_s)
                       for n, ex in zip(names, execs)]
         self.kv_handoff = (mode == "laps-spatial" and self.config.kv_handoff
                            and all(hasattr(ex, "export_kv") for ex in execs))
@@ -150,7 +149,7 @@ class Dispatcher:
         prompt = r.seq.prompt
         cs, cl = short.executor.cached_prefix(prompt), long.executor.cached_prefix(prompt)
         cached = max(cs, cl)
-        if len(prompt) - cached <= self.threshold(cached):
+        if self.derived.is_short(len(prompt) - cached, cached):
             return short if cs >= cl else long
         return long
 
@@ -216,6 +215,3 @@ class Dispatcher:
         (a hung step, pages that never come back): what the server's /health reports."""
         now = self.clock.now()
         return [lane.name for lane in self.lanes if lane.stalled_for(now) > after_s]
-
-    def is_short(self, new_tokens: int, cached: int = 0) -> bool:
-        return new_tokens <= self.threshold(cached)

@@ -19,7 +19,7 @@ import functools
 import time
 from typing import Callable, Protocol, Sequence as Seq
 
-from laps_jax.engine.buckets import BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.engine.kv_cache import KVCacheManager, OutOfPages
 from laps_jax.engine.sequence import Sequence
 
@@ -59,9 +59,10 @@ class StepExecutor(Protocol):
         """Admits a prefix of `seqs` in order (pages, cache match); returns how many. One that
         cannot run for its own reasons counts, finished with reason "error" and no pages."""
 
-    async def prefill(self, work: Seq[tuple[Sequence, int]]) -> StepInfo: ...
+    async def prefill(self, work: Seq[tuple[Sequence, int]], bucket: Bucket) -> StepInfo:
+        """Runs `work` in `bucket`, the one the plan chose (it must hold the rows)."""
 
-    async def decode(self, seqs: Seq[Sequence]) -> StepInfo: ...
+    async def decode(self, seqs: Seq[Sequence], bucket: Bucket) -> StepInfo: ...
 
     async def release(self, seqs: Seq[Sequence], reason: str) -> None: ...
 
@@ -110,11 +111,6 @@ class Admission:
         return need > self.kv.num_pages - 1
 
 
-def bucket_of(grid: BucketGrid, kind: str, rows: int, width: int) -> tuple[int, int]:
-    b = grid.fit(rows, 1 if kind == "decode" else width)
-    return (b.batch, b.tokens) if b else (rows, width)
-
-
 class EngineExecutor:
     """Runs an `Engine` on one worker thread."""
 
@@ -142,24 +138,26 @@ class EngineExecutor:
         return await self._call(self.admission.admit_all, list(seqs), self.engine.admit,
                                 self.engine.release)
 
-    def _timed(self, kind: str, fn, arg, rows: int, width: int, tokens: int) -> StepInfo:
+    @staticmethod
+    def _timed(kind: str, run, bucket: Bucket, rows: int, tokens: int) -> StepInfo:
         t0 = time.perf_counter()
-        fn(arg)
-        return StepInfo(kind, rows, tokens, bucket_of(self.grid, kind, rows, width),
+        run()
+        return StepInfo(kind, rows, tokens, (bucket.batch, bucket.tokens),
                         time.perf_counter() - t0)
 
-    async def prefill(self, work: Seq[tuple[Sequence, int]]) -> StepInfo:
+    async def prefill(self, work: Seq[tuple[Sequence, int]], bucket: Bucket) -> StepInfo:
         work = list(work)
-        return await self._call(self._timed, "prefill", self.engine.prefill, work, len(work),
-                                max(n for _, n in work), sum(n for _, n in work))
+        run = functools.partial(self.engine.prefill, work, bucket=bucket)
+        return await self._call(self._timed, "prefill", run, bucket, len(work),
+                                sum(n for _, n in work))
 
-    async def decode(self, seqs: Seq[Sequence]) -> StepInfo:
+    async def decode(self, seqs: Seq[Sequence], bucket: Bucket) -> StepInfo:
         seqs = list(seqs)
-        return await self._call(self._timed, "decode", self.engine.decode, seqs, len(seqs), 1,
-                                len(seqs))
+        run = functools.partial(self.engine.decode, seqs, bucket)
+        return await self._call(self._timed, "decode", run, bucket, len(seqs), len(seqs))
 
     async def warmup_transfer(self) -> None:
-        await self._call(self.engine.transfer.warmup)
+        await self._call(self.engine.executables.warm_copies)
 
     async def export_kv(self, seq: Sequence):
         from laps_jax.engine.kv_transfer import export_sequence  # JAX: only with an engine
@@ -182,8 +180,7 @@ class EngineExecutor:
         r, kv = self.engine.runner, self.engine.kv
         steps = {f"{b.batch}x{b.tokens}": n for b, n in sorted(r.stats.steps.items())}
         return ExecutorStats(steps, r.stats.padding_fraction,
-                             r.executables.compiles_after_warmup
-                             + self.engine.transfer.executables.compiles_after_warmup,
+                             self.engine.executables.compiles_after_warmup,
                              kv.num_used, kv.num_free,
                              kv.hit_tokens)
 

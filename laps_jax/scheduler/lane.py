@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 
 class Lane:
     def __init__(self, name: str, executor: StepExecutor, planner, clock: Clock,
-                 threshold: Callable[[int], int], on_finish: Callable[[Request], None],
+                 is_short: Callable[[int, int], bool], on_finish: Callable[[Request], None],
                  decode_gap_s: float = 0.0):
         self.name, self.executor, self.planner, self.clock = name, executor, planner, clock
-        self.threshold, self.on_finish = threshold, on_finish
+        self.is_short, self.on_finish = is_short, on_finish
         self.incoming: collections.deque[Request] = collections.deque()
         self.decoding: list[Request] = []
         self.inflight: set[Request] = set()
@@ -160,15 +160,17 @@ class Lane:
             st = r.stats
             st.admitted, st.cached_tokens = now, r.seq.cached_tokens
             st.new_tokens = r.seq.remaining_prefill
-            st.pool = SHORT if st.new_tokens <= self.threshold(st.cached_tokens) else LONG
+            st.pool = SHORT if self.is_short(st.new_tokens, st.cached_tokens) else LONG
             self.planner.add(r, now)
 
     async def _prefill(self, plan: PrefillPlan) -> float:
         self._last = "prefill"
+        plan = plan.to_run(self.executor.grid)
         self.planner.dispatched(plan, self.clock.now())
         self.inflight = {r for r, _ in plan.work}
         infos = await run_contained(
-            plan.work, lambda work: self.executor.prefill([(r.seq, n) for r, n in work]),
+            plan.work,
+            lambda work: self.executor.prefill([(r.seq, n) for r, n in work], plan.bucket),
             lambda item, e: self._step_failed(item[0], e))
         for info in infos:
             self.counters.record(info, plan.pool)
@@ -195,10 +197,12 @@ class Lane:
         self._last = "decode"
         self._last_decode = self.clock.now()
         batch = self.decoding[:self.max_decode]
+        bucket = self.executor.grid.fit_decode(len(batch))
         self.inflight = set(batch)
         try:
             infos = await run_contained(
-                batch, lambda rs: self.executor.decode([r.seq for r in rs]), self._step_failed,
+                batch, lambda rs: self.executor.decode([r.seq for r in rs], bucket),
+                self._step_failed,
                 passthrough=(OutOfPages,))
         except OutOfPages as e:  # admission should prevent it; fail the newest rather than hang
             self.inflight = set()

@@ -37,11 +37,6 @@ import numpy as np
 
 from laps_jax.config import ModelConfig
 
-# Batches whose rows have at most this many new tokens take the ragged attention path (the
-# XLA attention's Q_BLOCK; tests/test_latency_model.py checks the two agree): kept here so the
-# scheduler and the simulator import no kernel, and no JAX.
-RAGGED_MAX_TOKENS = 256
-
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
@@ -78,7 +73,7 @@ class DeviceSpec:
 
 # Datasheet H200 SXM: 989 TFLOP/s dense bf16, 4.8 TB/s HBM3e.
 H200 = DeviceSpec("h200", 989e12, 4.8e12, 40e-6)
-# Ceilings measured on this workplace's H200 (device KINDS.md): 788 TFLOP/s bf16 GEMM on random
+# Ceilings measured on this workplace's H200 (its device notes): 788 TFLOP/s bf16 GEMM on random
 # data, 4.3 TB/s device-to-device copy.
 H200_MEASURED = DeviceSpec("h200-measured", 788e12, 4.3e12, 40e-6)
 DEVICES = {d.name: d for d in (H200, H200_MEASURED)}
@@ -118,18 +113,21 @@ def _layer_linear_params(cfg: ModelConfig) -> int:
     return cfg.num_layers * (h * cfg.q_size + 2 * h * cfg.kv_size + cfg.q_size * h + 3 * h * i)
 
 
-def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int = 1) -> StepCost:
+def step_cost(cfg: ModelConfig, itemsize: int, shape: StepShape, kv_block: int = 1,
+              q_block: int = 256) -> StepCost:
     """FLOPs and bytes of a step. kv_block > 1: the CPU XLA path, in blocks of kv_block keys:
-    one sequence, or rows longer than a query block, walk every row to the batch's longest
-    context; several shorter rows (decode, short re-prefills) run their (sequence, block) items
-    `batch` at a time (ragged: as far as the mean context). kv_block 1: exact per sequence."""
+    one sequence, or rows longer than a query block (`q_block`), walk every row to the batch's
+    longest context; several shorter rows (decode, short re-prefills) run their (sequence,
+    block) items `batch` at a time (ragged: as far as the mean context). kv_block 1: exact per
+    sequence. Both blocks are the engine's (`pallas_kernels.attention_blocks`), stored with a
+    fitted model, so the scheduler and the simulator import no kernel and no JAX."""
     lin = _layer_linear_params(cfg)
     h, V, L = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     rows_tokens = shape.batch * shape.tokens
     gemm = 2.0 * lin * rows_tokens + 2.0 * h * V * shape.batch
     kvb = cfg.kv_bytes_per_token(itemsize)
     per_qk = 4.0 * L * cfg.num_heads * cfg.head_dim  # QK^T and PV, per query per key
-    ragged = kv_block > 1 and shape.batch > 1 and shape.tokens <= RAGGED_MAX_TOKENS
+    ragged = kv_block > 1 and shape.batch > 1 and shape.tokens <= q_block
     if kv_block > 1:
         blocks = [-(-(c + n) // kv_block) for n, c in zip(shape.new, shape.cached)]
         if ragged:
@@ -157,10 +155,11 @@ class LatencyModel:
     itemsize: int
     device: DeviceSpec
     kv_block: int = 1
+    q_block: int = 256  # the engine's ragged cut (only read when kv_block > 1)
 
     def kernel_times(self, shape: StepShape) -> tuple[float, float, float, float]:
         """(gemm compute, weight memory, attention compute, K/V memory) seconds."""
-        c = step_cost(self.cfg, self.itemsize, shape, self.kv_block)
+        c = step_cost(self.cfg, self.itemsize, shape, self.kv_block, self.q_block)
         d = self.device
         return (c.gemm_flops / d.peak_flops, c.weight_bytes / d.mem_bandwidth,
                 c.attn_flops / (d.ragged_rate if c.ragged else d.attn_rate),
@@ -224,12 +223,12 @@ class LatencyModel:
 
     def to_dict(self) -> dict:
         return {"model": self.cfg.name, "itemsize": self.itemsize, "kv_block": self.kv_block,
-                "device": self.device.to_dict()}
+                "q_block": self.q_block, "device": self.device.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict, cfg: ModelConfig) -> "LatencyModel":
         return cls(cfg, int(d["itemsize"]), DeviceSpec.from_dict(d["device"]),
-                   int(d.get("kv_block", 1)))
+                   int(d.get("kv_block", 1)), int(d.get("q_block", 256)))
 
     @classmethod
     def load(cls, path: str, cfg: ModelConfig) -> "LatencyModel":
@@ -238,15 +237,17 @@ class LatencyModel:
 
     @classmethod
     def fit(cls, cfg: ModelConfig, itemsize: int, shapes: Sequence[StepShape],
-            seconds: Sequence[float], kv_block: int = 1, name: str = "fitted") -> "LatencyModel":
-        """Fits overhead and the rates to measured step times (see `fit_roofline`)."""
-        costs = [step_cost(cfg, itemsize, s, kv_block) for s in shapes]
+            seconds: Sequence[float], blocks: tuple[int, int] = (1, 256),
+            name: str = "fitted") -> "LatencyModel":
+        """Fits overhead and the rates to measured step times (see `fit_roofline`); `blocks`
+        is the engine's (kv_block, q_block)."""
+        costs = [step_cost(cfg, itemsize, s, *blocks) for s in shapes]
         f = fit_roofline(costs, seconds)
         inv = lambda c: 1.0 / c if c > 0 else 1e30  # a rate never limiting stays "infinite"
         ragged = inv(f.s_ragged_flop) if any(c.ragged for c in costs) else None
         dev = DeviceSpec(name, inv(f.s_gemm_flop), inv(f.s_weight_byte), f.overhead,
                          inv(f.s_attn_flop), inv(f.s_kv_byte), ragged, f.overlap)
-        return cls(cfg, itemsize, dev, kv_block)
+        return cls(cfg, itemsize, dev, *blocks)
 
 
 def _nnls_small(A: np.ndarray, b: np.ndarray) -> np.ndarray:

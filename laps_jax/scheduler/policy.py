@@ -35,7 +35,8 @@ ORDERS = ("ratio", "aging", "srpt")
 
 @dataclasses.dataclass
 class SchedulerConfig:
-    """Every knob of the dispatcher; None means "derive from the latency model"."""
+    """Every knob of the dispatcher; None means "derive from the latency model". Its
+    command-line flags are declared in flags.py."""
 
     threshold: int | None = None          # short/long cut in new tokens (None: model's crossover)
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
@@ -92,6 +93,11 @@ class Derived:
                                           # may take `overload_budget` (None: never)
     overload_budget: int = 0
     overload_check: bool = True
+
+    def is_short(self, new_tokens: int, cached: int = 0) -> bool:
+        """The short/long cut, the one place it is made: lanes, the spatial route and the
+        router all ask this."""
+        return new_tokens <= self.threshold(cached)
 
 
 def _given(value: float | None, default: float) -> float:

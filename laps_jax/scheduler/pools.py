@@ -1,9 +1,8 @@
 """Prefill pools: which waiting requests form the next batch, and in which bucket.
 
-Every batch is a rectangle: rows x the widest row, padded into the smallest compiled bucket that
-holds it (`BucketGrid.fit_prefill`) with at most `budget` padded tokens. `pack` fills one from an
-ordered candidate list, chunking a row to fit when allowed and refusing rows that would make the
-batch mostly padding. The pools only decide order:
+Every batch is a rectangle packed by `engine/packing.py`'s `pack` from an ordered candidate list
+(chunking a row to fit when allowed, refusing rows that would make the batch mostly padding); the
+offline job packs its steps with it too. The pools only decide order:
 
 - `FCFSQueue` (mixed baseline): arrival order, chunked, strict (nobody overtakes).
 - `ShortPool`: remaining tokens with aging, whole requests, behind a waiting window.
@@ -15,9 +14,10 @@ batch mostly padding. The pools only decide order:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable
 
 from laps_jax.engine.buckets import Bucket, BucketGrid
+from laps_jax.engine.packing import fits, pack  # noqa: F401 (policy.py, tests)
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow
 
@@ -34,59 +34,22 @@ class PrefillPlan:
     filled_tokens: int = 0  # long-chunk tokens riding in a short batch's empty bucket rows
     overload: bool = False  # a long step under the overload budget (the long pool is behind)
 
+    def to_run(self, grid: BucketGrid) -> PrefillPlan:
+        """The plan as it runs: rows of one new token each run in the decode bucket of as many
+        rows (the same math, without padding every row to the smallest prefill width); any
+        other plan runs in its own bucket. The lane applies this once, as it dispatches the
+        plan: the executor, engine and runner below only check that the bucket holds the rows."""
+        if max(n for _, n in self.work) == 1:
+            b = grid.fit_decode(len(self.work))
+            if b is not None:
+                return dataclasses.replace(self, bucket=b)
+        return self
+
 
 @dataclasses.dataclass
 class WaitUntil:
     t: float
     reason: str = "window"
-
-
-def fits(grid: BucketGrid, rows: int, width: int, budget: int) -> Bucket | None:
-    b = grid.fit_prefill(rows, width)
-    if b is None or (rows > 1 and b.batch * b.tokens > budget) or width > budget:
-        return None
-    return b
-
-
-def max_width(grid: BucketGrid, rows: int, budget: int) -> int:
-    """Widest row a batch of `rows` may have under `budget` (0 if none)."""
-    for t in reversed(grid.prefill_tokens):
-        if fits(grid, rows, t, budget) is not None:
-            return t
-    return 0
-
-
-def pack(cands: Iterable[Request], grid: BucketGrid, budget: int, chunk: bool,
-         strict: bool, max_padding: float = 0.5) -> tuple[Work, Bucket | None, bool]:
-    """Greedy batch from ordered candidates: (work, bucket, saturated). The first row always
-    goes in; a row that would pad the others' tokens past `max_padding` is left out (row padding
-    up to the bucket's power of two is not counted). `saturated`: some candidate was left out
-    for lack of rows or budget, so the batch cannot grow."""
-    work: Work = []
-    width, real, saturated = 0, 0, False
-    for r in cands:
-        rows = len(work) + 1
-        if rows > grid.prefill_batches[-1]:
-            saturated = True
-            break
-        n = min(r.remaining, grid.max_chunk, budget)
-        if n <= 0:
-            continue
-        if fits(grid, rows, max(width, n), budget) is None and chunk and work:
-            n = min(n, max_width(grid, rows, budget))
-        bucket = fits(grid, rows, max(width, n), budget) if n > 0 else None
-        if bucket is None:
-            saturated = True
-        elif work and 1.0 - (real + n) / (rows * bucket.tokens) > max_padding:
-            bucket = None
-        if bucket is None:
-            if strict:
-                break
-            continue
-        work.append((r, n))
-        width, real = max(width, n), real + n
-    bucket = fits(grid, len(work), width, budget) if work else None
-    return work, bucket, saturated
 
 
 class _Pool:

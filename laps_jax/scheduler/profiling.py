@@ -37,9 +37,9 @@ class Sample:
                    float(d["seconds"]))
 
 
-def kv_block_of(engine: Engine) -> int:
-    """Attention granularity of the engine's backend (latency model's `kv_block`)."""
-    return 256 if engine.runner.attention_backend == "xla" else 1
+def attention_blocks_of(engine: Engine) -> tuple[int, int]:
+    """The engine's attention (kv_block, q_block): what a latency model fitted to it prices."""
+    return engine.runner.attention_blocks
 
 
 def plan_shapes(engine: Engine, n: int, cached_lens: tuple[int, ...] = (0, 256, 1024, 2048),

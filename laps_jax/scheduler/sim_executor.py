@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Sequence as Seq
 
 from laps_jax.engine.paged import PagedSequences
-from laps_jax.engine.buckets import BucketGrid
+from laps_jax.engine.buckets import Bucket, BucketGrid, padding_fraction
 from laps_jax.engine.kv_cache import KVCacheManager
 from laps_jax.engine.sequence import Sequence, Status, TokenLogprobs
 from laps_jax.scheduler.clock import Clock
-from laps_jax.scheduler.executor import Admission, ExecutorStats, StepInfo, bucket_of
+from laps_jax.scheduler.executor import Admission, ExecutorStats, StepInfo
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 
 
@@ -92,20 +92,20 @@ class SimExecutor:
         await self.clock.sleep(dt)
         return StepInfo(kind, len(shape.new), tokens, (shape.batch, shape.tokens), dt)
 
-    async def prefill(self, work: Seq[tuple[Sequence, int]]) -> StepInfo:
+    async def prefill(self, work: Seq[tuple[Sequence, int]], bucket: Bucket) -> StepInfo:
         work = list(work)
         new = [n for _, n in work]
-        b, t = bucket_of(self.grid, "prefill", len(work), max(new))
+        self.grid.check_holds(bucket, new)
         info = await self._step("prefill", StepShape.bucketed(
-            new, [s.num_computed for s, _ in work], b, t), sum(new))
+            new, [s.num_computed for s, _ in work], bucket.batch, bucket.tokens), sum(new))
         self.engine.prefill(work)
         return info
 
-    async def decode(self, seqs: Seq[Sequence]) -> StepInfo:
+    async def decode(self, seqs: Seq[Sequence], bucket: Bucket) -> StepInfo:
         seqs = list(seqs)
-        b, _ = bucket_of(self.grid, "decode", len(seqs), 1)
+        self.grid.check_holds(bucket, [1] * len(seqs))
         info = await self._step("decode", StepShape.bucketed(
-            [1] * len(seqs), [s.num_tokens - 1 for s in seqs], b, 1), len(seqs))
+            [1] * len(seqs), [s.num_tokens - 1 for s in seqs], bucket.batch, 1), len(seqs))
         self.engine.decode(seqs)
         return info
 
@@ -131,8 +131,8 @@ class SimExecutor:
 
     def stats(self) -> ExecutorStats:
         kv = self.engine.kv
-        pad = 1 - self.real_tokens / self.bucket_tokens if self.bucket_tokens else 0.0
-        return ExecutorStats(dict(self.bucket_steps), pad, 0, kv.num_used, kv.num_free,
+        return ExecutorStats(dict(self.bucket_steps),
+                             padding_fraction(self.real_tokens, self.bucket_tokens), 0, kv.num_used, kv.num_free,
                              kv.hit_tokens)
 
     async def close(self) -> None:

@@ -4,9 +4,9 @@ Every check names the field at fault, so a client sees what to fix; nothing here
 engine, so a rejected request changes nothing. Numbers are range-checked in their own type
 before any conversion (a 401-digit temperature is out of range, not an OverflowError) and to
 ranges the executables can hold (int32 top-k, float32 top-p, a uint64-sized seed); text must be
-valid Unicode (no lone surrogates). A prompt whose size alone shows it cannot fit the context is
-refused before it is tokenized (`max_prompt_bytes`). This runs on a worker thread (app.py): a
-large prompt tokenizes without holding up the event loop.
+valid Unicode (no lone surrogates). Prompts and messages are read by text/prompts.py, the parser
+the offline job uses too; its `PromptError` is answered here as a 400 `APIError`. This runs on
+a worker thread (app.py): a large prompt tokenizes without holding up the event loop.
 
 A `top_p` under `TOP_P_FLOOR` (1e-6) keeps only the likeliest token of any vocabulary, so it is
 served as greedy sampling (temperature 0) rather than refused.
@@ -15,16 +15,16 @@ served as greedy sampling (temperature 0) rather than refused.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from laps_jax.engine.sequence import TOP_P_FLOOR, SamplingParams
+from laps_jax.text import prompts
+from laps_jax.text.prompts import PromptError
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20
 SEED_LIMIT = 2 ** 63  # seeds are in [0, 2**63): what numpy's generators take, and int64 holds
-# a token covers at most the tokenizer's longest vocabulary entry; normalizers (NFC) can shrink
-# text a little, so the prompt-size bound keeps this much slack before refusing unread
-SIZE_SLACK = 2
 # OpenAI fields this server does not implement, with the value that asks for nothing: any other
 # value is refused rather than silently ignored (the answer would not be what was asked for)
 NOT_IMPLEMENTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
@@ -89,29 +89,6 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open
         span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
         raise APIError(f"'{name}' must be in {span}, got {_show(value)}", param=name)
     return float(value)
-
-
-def _text(value: str, name: str) -> str:
-    """Refuses text that is not valid Unicode (a lone surrogate like "\\ud800" from JSON)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise APIError(f"'{name}' is not valid Unicode text (a lone surrogate at character "
-                       f"{e.start})", param=name) from None
-    return value
-
-
-def max_prompt_bytes(tokenizer, max_model_len: int) -> int | None:
-    """UTF-8 bytes past which a text prompt is surely over the context, or None (no bound)."""
-    per_token = getattr(tokenizer, "max_token_bytes", None)
-    return None if not per_token else max_model_len * per_token * SIZE_SLACK
-
-
-def _check_size(nbytes: int, bound: int | None, max_model_len: int, param: str) -> None:
-    if bound is not None and nbytes > bound:
-        raise APIError(f"the prompt is {nbytes} bytes of text, which cannot fit this model's "
-                       f"maximum context length of {max_model_len} tokens", param=param,
-                       code="context_length_exceeded")
 
 
 def _type_name(types) -> str:
@@ -179,71 +156,21 @@ def parse_sampling(body: dict, default_max_tokens: int | None, max_tokens_limit:
     return params, stops, logprobs
 
 
-def parse_prompt(body: dict, vocab_size: int, tokenizer, max_model_len: int) -> list[int]:
-    """A completion prompt: a string, a list of token ids, or a one-element list of either."""
-    if "prompt" not in body:
-        raise APIError("'prompt' is required", param="prompt")
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise APIError("this model has no tokenizer: send 'prompt' as token ids",
-                           param="prompt")
-        _check_size(len(_text(prompt, "prompt").encode("utf-8")),
-                    max_prompt_bytes(tokenizer, max_model_len), max_model_len, "prompt")
-        ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and len(prompt) >= max_model_len:
-        ids = prompt  # too long whatever it holds: parse_request says so
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                          for t in prompt):
-        ids = prompt
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise APIError(f"token id {bad[0]} in 'prompt' is outside the vocabulary "
-                           f"[0, {vocab_size})", param="prompt")
-    elif isinstance(prompt, list):
-        raise APIError("'prompt' must be a string or a list of token ids (one prompt per "
-                       "request)", param="prompt")
-    else:
-        raise APIError(f"'prompt' must be a string or a list of token ids, got "
-                       f"{type(prompt).__name__}", param="prompt")
-    if not ids:
-        raise APIError("'prompt' is empty", param="prompt")
-    return ids if isinstance(prompt, str) else list(ids)  # a client's list is copied
+def _as_api_error(parse):
+    """`parse` (text/prompts.py, shared with the offline job) with its `PromptError` answered
+    as this server's 400: the same message, field and code."""
+    @functools.wraps(parse)
+    def wrapped(*args, **kwargs):
+        try:
+            return parse(*args, **kwargs)
+        except PromptError as e:
+            raise APIError(e.message, code=e.code, param=e.param) from None
+    return wrapped
 
 
-def parse_messages(body: dict, tokenizer, max_model_len: int) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("'messages' must be a non-empty list", param="messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise APIError(f"messages[{i}] must be an object", param="messages")
-        if not isinstance(m.get("role"), str) or not m["role"]:
-            raise APIError(f"messages[{i}] needs a string 'role'", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise APIError(f"messages[{i}].content parts must be text parts",
-                               param="messages")
-            m = dict(m, content="".join(p["text"] for p in content))
-            messages[i] = m
-        elif not isinstance(content, str) and not (content is None and m["role"] == "assistant"):
-            raise APIError(f"messages[{i}].content must be a string", param="messages")
-    if tokenizer is None:
-        raise APIError("this model has no tokenizer, so it cannot serve chat", code="unsupported")
-    nbytes = 0
-    for i, m in enumerate(messages):
-        for key in ("role", "content"):
-            if isinstance(m.get(key), str):
-                nbytes += len(_text(m[key], f"messages[{i}].{key}").encode("utf-8"))
-    _check_size(nbytes, max_prompt_bytes(tokenizer, max_model_len), max_model_len, "messages")
-    try:
-        return tokenizer.encode_chat(messages)
-    except Exception as e:  # the template refused this conversation
-        raise APIError(f"chat template error: {e}", param="messages") from None
+parse_prompt = _as_api_error(prompts.parse_prompt)
+parse_messages = _as_api_error(prompts.parse_messages)
+_text = _as_api_error(prompts.check_text)
 
 
 def parse_request(body: Any, kind: str, *, vocab_size: int, tokenizer, max_model_len: int,

@@ -14,8 +14,8 @@ import time
 
 from aiohttp import web
 
-from laps_jax.cli import add_engine_args, build_engine, setup_logging, warm_up
-from laps_jax.scheduler.policy import ORDERS, SchedulerConfig
+from laps_jax.cli import add_engine_args, build_engine, setup_logging
+from laps_jax.scheduler import flags as scheduler_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,13 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("laps", "laps-spatial", "mixed"), default="laps",
                    help="laps: short and long prefill pools on one device (default); "
                         "laps-spatial: each pool on its own device group; mixed: FCFS baseline")
-    s.add_argument("--threshold", type=int, default=None,
-                   help="short/long cut in new tokens (default: from --latency-profile, else 256)")
-    s.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
-                   help="order inside each pool: srpt (fewest remaining tokens first, a request "
-                        "waiting 16 full prefill steps goes ahead; default), ratio (highest "
-                        "response ratio first) or aging (fewest remaining minus a credit for "
-                        "waiting); docs/BENCHMARKS_SCHEDULER.md compares them")
+    scheduler_flags.add_args(s, ("threshold", "order"))
     s.add_argument("--latency-profile", default=None,
                    help="profile.json from scripts/profile_latency.py (calibrates the threshold, "
                         "the waiting window and laps' long-chunk size; without it long chunks "
@@ -74,20 +68,10 @@ async def serve(args, log) -> int:
     if args.latency_profile:  # a wrong path fails now, not after minutes of compiling
         from laps_jax.scheduler.profiling import read_profile
         read_profile(args.latency_profile)
-    built = build_engine(args, log=log)
-    engines = [built.engine]
-    long_engine = None
-    if args.mode == "laps-spatial":  # the long pool's own device group (same weights)
-        import jax
-        from laps_jax.engine.engine import Engine
-        e = built.engine
-        params = e.runner.params
-        if len(jax.devices()) > 1:
-            params = jax.device_put(params, jax.devices()[1])
-        long_engine = Engine(e.cfg, params, e.ecfg, e.eos_token_ids)
-        log("laps-spatial: the long pool's engine")
-        warm_up(long_engine, False, log)
-        engines.append(long_engine)
+    # laps-spatial: the long pool gets its own engine, on the second device if there is one
+    built = build_engine(args, log=log, engines=2 if args.mode == "laps-spatial" else 1,
+                         spread=True)
+    engines, long_engine = built.engines, built.long_engine
     model = None
     if args.latency_profile:
         from laps_jax.scheduler.profiling import load_profile
@@ -96,8 +80,7 @@ async def serve(args, log) -> int:
         model, f = load_profile(args.latency_profile, built.engine, not args.no_rescale_profile)
         if f is not None:
             log(f"latency profile rescaled: its shapes run {f:.2f}x their profiled time here")
-    dispatcher = Dispatcher(built.engine, args.mode, SchedulerConfig(threshold=args.threshold,
-                                                                     order=args.order),
+    dispatcher = Dispatcher(built.engine, args.mode, scheduler_flags.from_args(args),
                             long_engine=long_engine, latency_model=model)
     if dispatcher.kv_handoff:
         log("compiling and running the KV hand-off copies")

@@ -1,6 +1,7 @@
 """Discrete-event simulation of LAPS serving at H200 scale, validated against this machine.
 
-The scheduler's own dispatcher, pools, waiting window, bucket choice and router run on virtual
+The scheduler's own dispatcher, pools, waiting window and bucket choice, and the cluster's
+router, run on virtual
 time (`scheduler.clock.run_simulated`); only the device is simulated, by a latency model (a
 roofline from device figures, or a CPU profile). See docs/SIMULATION.md.
 
@@ -15,6 +16,9 @@ Modules: hardware (device figures, latency-model sources, physical limit), execu
 steps, shared device), instance (one dispatcher over simulated executors), workload (traces and
 sessions at a rate), driver (one run), summary (its numbers), sweep / study / tables / plots (the
 study), validate (against a real compare_modes run), cli (options of scripts/simulate.py).
+
+May import: scheduler, cluster, engine (its plain-Python modules), workload, bench; never
+server, models or pallas_kernels, and no JAX.
 """
 
 from laps_jax.sim.driver import RunResult, RunSpec, simulate  # noqa: F401

@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig
-from laps_jax.scheduler.router import POLICIES
-from laps_jax.bench.variants import count_or_off
-from laps_jax.scheduler.window import WindowConfig
+from laps_jax.scheduler import flags as scheduler_flags
+from laps_jax.scheduler.policy import MODES
+from laps_jax.cluster.inprocess import POLICIES
 from laps_jax.sim import hardware
 from laps_jax.sim.driver import RunSpec
 from laps_jax.sim.instance import GPU_WIDTHS, GridSpec, InstanceSpec
 from laps_jax.sim.sweep import WorkloadSource
+from laps_jax.workload.load import add_trace_args
+from laps_jax.workload.traces import detect_format
 
 TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "..", "shared", "traces")
@@ -69,22 +70,8 @@ def add_instance_args(ap: argparse.ArgumentParser) -> None:
                         "the weights; 65536 with --profile)")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (16)")
     g.add_argument("--max-model-len", type=int, default=32768, help="context limit (32768)")
-    g.add_argument("--threshold", default="auto",
-                   help="short/long cut in new tokens, or 'auto' (the latency model's crossover)")
-    g.add_argument("--order", choices=ORDERS, default=SchedulerConfig.order,
-                   help=f"order inside each pool ({SchedulerConfig.order}; see "
-                        "scripts/compare_modes.py --help)")
-    g.add_argument("--window", choices=("adaptive", "static", "off"), default="adaptive",
-                   help="short-pool waiting window (adaptive)")
-    g.add_argument("--overload-requests", type=count_or_off,
-                   default=SchedulerConfig.overload_requests,
-                   help="laps: long requests waiting past which long steps may take twice "
-                        "the long chunk (where that pads no more tokens), or 'off' "
-                        f"({SchedulerConfig.overload_requests})")
-    g.add_argument("--no-overload-check", action="store_true",
-                   help="laps: widen long steps past the overload mark even where that pads "
-                        "more tokens (before session 12)")
-    g.add_argument("--static-window-ms", type=float, default=5.0, help="static window (5 ms)")
+    scheduler_flags.add_args(g, ("threshold", "order", "window", "overload_requests",
+                                 "no_overload_check", "static_window_ms"))
     g.add_argument("--spatial-devices", type=int, choices=(1, 2), default=1,
                    help="laps-spatial: both lanes share one device (1, default) or own one each")
     g.add_argument("--spatial-overlap", type=float, default=0.0,
@@ -98,7 +85,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="directory with azure_llm_2023_conv.csv and "
                         "mooncake_conversation_trace.jsonl (default ../shared/traces)")
     g.add_argument("--sessions-file", default=None, help="a sessions JSONL ('sessions' workload)")
-    g.add_argument("--length-scale", type=float, default=1.0, help="scale all lengths (1.0)")
+    add_trace_args(g, only=("length_scale",))
     g.add_argument("--decode", choices=("disaggregated", "colocated"), default="disaggregated",
                    help="disaggregated: prefill instances of a PD deployment (the paper's "
                         "setting; answers' KV returns for the next turn); colocated: each "
@@ -109,6 +96,30 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--slo-scale", type=float, default=5.0,
                    help="TTFT SLO = this x the isolated predicted prefill latency (5)")
     g.add_argument("--seed", type=int, default=0, help="token ids and generated sessions (0)")
+
+
+def add_run_trace_args(ap: argparse.ArgumentParser, rate_group) -> None:
+    """`run`: a trace file of one's own, and the trace flags compare_modes and bench_serving
+    take (--time-scale joins `rate_group`: it sets the arrivals as --load and --rate do)."""
+    add_trace_args(ap.add_argument_group("trace (as in compare_modes and bench_serving)"),
+                   trace_default="--workload's file",
+                   max_requests_default="--requests per instance x --instances",
+                   only=("trace", "trace_format", "max_requests"))
+    add_trace_args(ap, only=("time_scale",), time_scale_group=rate_group,
+                   time_scale_default="from --load or --rate")
+
+
+def resolve_workload(args) -> str:
+    """The workload kind of `run`: --trace's format (given or detected) with --trace, else
+    --workload (azure)."""
+    if not getattr(args, "trace", None):
+        if getattr(args, "trace_format", None):
+            raise ValueError("--trace-format needs --trace")
+        return args.workload or "azure"
+    kind = args.trace_format or detect_format(args.trace)
+    if args.workload not in (None, kind):
+        raise ValueError(f"--workload {args.workload}, but --trace holds a {kind} trace")
+    return kind
 
 
 def model_source(args) -> hardware.ModelSource:
@@ -125,11 +136,7 @@ def instance_spec(args, src: hardware.ModelSource, mode: str = "laps") -> Instan
     grid = GridSpec(args.max_chunk, 16, args.max_prefill_batch, args.max_decode_batch,
                     args.budget_tokens, None if args.pow2_widths else
                     tuple(w for w in GPU_WIDTHS if w <= args.max_chunk) + (args.max_chunk,))
-    sched = SchedulerConfig(
-        threshold=None if args.threshold == "auto" else int(args.threshold),
-        window=WindowConfig(mode=args.window, static_s=args.static_window_ms * 1e-3),
-        order=args.order, overload_requests=args.overload_requests,
-        overload_check=not args.no_overload_check)
+    sched = scheduler_flags.from_args(args)
     return InstanceSpec(mode, grid, kv, args.page_size, args.max_model_len, sched,
                         args.spatial_devices, args.spatial_overlap,
                         prefix_cache=not args.no_prefix_cache)
@@ -147,6 +154,8 @@ def workload_sources(args, src: hardware.ModelSource) -> dict[str, WorkloadSourc
     paths = {"azure": os.path.join(args.trace_dir, "azure_llm_2023_conv.csv"),
              "mooncake": os.path.join(args.trace_dir, "mooncake_conversation_trace.jsonl"),
              "lmsys": None, "sessions": args.sessions_file}
+    if getattr(args, "trace", None):  # run --trace: that file for its kind
+        paths[args.workload] = args.trace
     req = {**REQUESTS, **getattr(args, "requests_per", {})}
     routed = {**ROUTED_REQUESTS, **getattr(args, "router_requests", {})}
     return {k: WorkloadSource(k, path, requests=req[k], routed_requests=routed[k], **common)

@@ -21,10 +21,12 @@ from laps_jax.engine.kv_cache import OutOfPages
 from laps_jax.engine.sequence import SamplingParams
 from laps_jax.scheduler.clock import SimClock, run_simulated
 from laps_jax.scheduler.request import RequestHandle, RequestStats
-from laps_jax.scheduler.router import Router, RouterConfig
+from laps_jax.cluster.inprocess import Router, RouterConfig
 from laps_jax.sim.hardware import ModelSource
 from laps_jax.sim.instance import InstanceSpec, build_dispatcher, executors
 from laps_jax.sim.workload import Workload
+from laps_jax.workload.driver import SessionPacing, SessionTurn, run_sessions
+from laps_jax.workload.records import TokenSpace
 
 
 @dataclasses.dataclass
@@ -33,6 +35,7 @@ class RunSpec:
     instances: int = 1
     router: RouterConfig | None = None   # needed when instances > 1
     rate: float | None = None            # offered requests/s (None: as recorded)
+    time_scale: float | None = None      # multiply the trace's times by this instead of `rate`
     concurrency: int | None = None       # closed loop at this many in flight (ignores arrivals)
     decode: str = "disaggregated"        # or "colocated"
     tpot_s: float = 0.03                 # disaggregated: decode time per output token
@@ -111,29 +114,28 @@ class _Run:
                 await self.finish(h, it.trace.output_len, False)
         await asyncio.gather(*(worker() for _ in range(c)))
 
-    async def session(self, w: Workload, s, scale: float) -> None:
+    async def turn(self, turn: SessionTurn, space: TokenSpace) -> list[int] | None:
+        """Submits one session turn (the session driver calls this); the answer the next turn
+        builds on, or None if the turn failed. Disaggregated, the answer is the nominal one and
+        its KV returns to the prefill instance, so the next turn re-prefills only its input."""
+        h = self.submit(turn.prompt, turn.max_tokens, turn.new_tokens, turn.request_id,
+                        turn.arrival_s)
+        st = await self.finish(h, turn.max_tokens)
+        if st.finish_reason not in ("length", "stop"):
+            return None
+        if self.spec.decode == "colocated":
+            return h.tokens
+        answer = turn.session.nominal_answer_ids(turn.index, space)[:turn.max_tokens]
+        if h.request.lane is not None:
+            _return_kv(h.request.lane.executor, turn.prompt + answer)
+        return answer
+
+    async def sessions(self, w: Workload, scale: float) -> None:
+        """Every session closed loop (`workload.driver`), each turn through `turn`."""
         space = w.sessions.token_space
-        prompt = answer = None
-        t = self.clock.now() + s.arrival_s * scale
-        for k, turn in enumerate(s.turns):
-            if k:
-                t = self.clock.now() + turn.think_s * scale
-            prompt = s.prompt_ids(k, space, prompt, answer)
-            out = _out_tokens(self.spec, turn.output_tokens)
-            if len(prompt) + out > self.spec.instance.max_model_len:
-                return
-            await self.clock.sleep(t - self.clock.now())
-            new = min(turn.new_input_tokens, len(prompt))
-            h = self.submit(prompt, out, new, f"{s.session_id}/{k}", t)
-            st = await self.finish(h, out)
-            if st.finish_reason not in ("length", "stop"):
-                return
-            if self.spec.decode == "colocated":
-                answer = h.tokens
-            else:
-                answer = s.nominal_answer_ids(k, space)[:out]
-                if h.request.lane is not None:
-                    _return_kv(h.request.lane.executor, prompt + answer)
+        pacing = SessionPacing(scale, max_len=self.spec.instance.max_model_len,
+                               max_output=self.spec.max_output)
+        await run_sessions(w.sessions, lambda turn: self.turn(turn, space), self.clock, pacing)
 
 
 def _return_kv(executor, tokens: list[int]) -> None:
@@ -149,7 +151,10 @@ def _return_kv(executor, tokens: list[int]) -> None:
 
 def simulate(spec: RunSpec, src: ModelSource, workload: Workload) -> RunResult:
     """Runs `workload` at `spec.rate` against `spec.instances` simulated instances."""
-    w, scale = workload.at_rate(spec.rate) if spec.concurrency is None else (workload, 1.0)
+    if spec.concurrency is not None or spec.time_scale is not None:
+        w, scale = workload, 1.0 if spec.time_scale is None else spec.time_scale
+    else:
+        w, scale = workload.at_rate(spec.rate)
     grid = spec.instance.grid.build()
 
     async def main() -> RunResult:
@@ -169,7 +174,7 @@ def simulate(spec: RunSpec, src: ModelSource, workload: Workload) -> RunResult:
                 raise ValueError("fixed concurrency needs an open-loop trace")
             await run.fixed_concurrency(w, spec.concurrency)
         elif w.closed_loop:
-            await asyncio.gather(*(run.session(w, s, scale) for s in w.sessions.sessions))
+            await run.sessions(w, scale)
         else:
             await run.open_loop(w, scale)
         await target.stop(drain=True)

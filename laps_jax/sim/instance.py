@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from laps_jax.config import ModelConfig
-from laps_jax.engine.buckets import BucketGrid, pow2_range
+from laps_jax.engine.buckets import BucketGrid
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
@@ -35,10 +35,9 @@ class GridSpec:
     tokens: tuple[int, ...] | None = None
 
     def build(self) -> FastGrid:
-        widths = list(self.tokens) if self.tokens else pow2_range(self.min_chunk, self.max_chunk)
-        return FastGrid(pow2_range(1, self.max_prefill_batch), sorted(set(widths)),
-                        pow2_range(1, self.max_decode_batch),
-                        self.max_batch_tokens or max(widths))
+        return FastGrid.of(BucketGrid.default(self.max_chunk, self.max_prefill_batch,
+                                              self.max_decode_batch, self.min_chunk,
+                                              self.max_batch_tokens, self.tokens))
 
 
 # Prefill widths for a GPU instance: powers of two to 256 (the LAPS graph grid), then steps of

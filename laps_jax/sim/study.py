@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from laps_jax.scheduler.router import RouterConfig
+from laps_jax.cluster.inprocess import RouterConfig
 from laps_jax.sim import cli, plots, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
@@ -32,15 +32,19 @@ def _meta(args, src, inst) -> dict:
 
 
 def cmd_run(args) -> int:
+    args.workload = cli.resolve_workload(args)
+    if args.requests is not None and args.max_requests is not None:
+        raise ValueError("--requests (per instance) and --max-requests (in all) exclude each other")
     src = cli.model_source(args)
     inst = cli.instance_spec(args, src, args.mode)
     spec = cli.run_spec(args, inst)
     spec.instances, spec.concurrency = args.instances, args.concurrency
+    spec.time_scale = args.time_scale
     spec.router = RouterConfig(policy=args.policy) if args.instances > 1 else None
     source = cli.workload_sources(args, src)[args.workload]
     per = args.requests or (source.routed_requests if args.instances > 1 else source.requests)
-    w = source.get(per * args.instances)
-    if args.concurrency is None:
+    w = source.get(per * args.instances if args.max_requests is None else args.max_requests)
+    if args.concurrency is None and args.time_scale is None:
         spec.rate = (args.rate if args.rate is not None else sweep.rate_for_load(
             args.load, w, src, args.instances * inst.devices))
     result = simulate(spec, src, w)

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from laps_jax.scheduler.router import RouterConfig
+from laps_jax.cluster.inprocess import RouterConfig
 from laps_jax.sim import workload as wl
 from laps_jax.sim.driver import RunSpec, simulate
 from laps_jax.sim.hardware import ModelSource

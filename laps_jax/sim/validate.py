@@ -2,10 +2,11 @@
 
 Takes a compare_modes output directory, rebuilds the exact workload it replayed (same reader,
 options and time scale, via `bench.compare`), and replays it through the *same* replay code
-(`scheduler.replay`) against simulated instances whose steps last what the run's own latency
-model (its CPU profile) predicts. laps-spatial's two lanes share this machine's cores in the real
-run, so in the simulation they share one device (processor sharing). Then it puts real and
-simulated TTFT p50/p90, overall and per pool, side by side with the relative error.
+(`bench.replay`, sessions through `workload.driver`) against simulated instances whose steps
+last what the run's own latency model (its CPU profile) predicts. laps-spatial's two lanes share
+this machine's cores in the real run, so in the simulation they share one device (processor
+sharing). Then it puts real and simulated TTFT p50/p90, overall and per pool, side by side with
+the relative error.
 """
 
 from __future__ import annotations
@@ -118,13 +119,10 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
     cfg = PRESETS[run["model"]]
     ecfg = o.ecfg
     max_len = min(ecfg.max_model_len, cfg.max_context)
-    grid = FastGrid.of(BucketGrid.default(ecfg.max_chunk, ecfg.max_prefill_batch,
-                                          ecfg.max_decode_batch, ecfg.min_chunk,
-                                          ecfg.max_batch_tokens))
+    grid = FastGrid.of(BucketGrid.of_settings(ecfg))
     ref = ecfg if run.get("buckets", True) else dataclasses.replace(ecfg, min_chunk=16,
                                                                     max_prefill_batch=8)
-    ref_grid = BucketGrid.default(ref.max_chunk, ref.max_prefill_batch, ref.max_decode_batch,
-                                  ref.min_chunk, ref.max_batch_tokens)
+    ref_grid = BucketGrid.of_settings(ref)
     slo_model = LatencyModel.from_dict(run["latency_model"], cfg)
     slo_fn = lambda new, cached: o.slo_scale * slo_model.predict_prefill(max(new, 1), cached,
                                                                          ref_grid)

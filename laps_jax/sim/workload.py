@@ -16,8 +16,8 @@ import numpy as np
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
 from laps_jax.bench.replay import implied_new_tokens
 from laps_jax.workload.records import TokenSpace, TraceOptions, TraceRequest
-from laps_jax.workload.sessions import SessionTrace, read_sessions_jsonl
-from laps_jax.workload.traces import read_azure_csv, read_mooncake_jsonl
+from laps_jax.workload.load import load as load_trace
+from laps_jax.workload.sessions import SessionTrace
 
 KINDS = ("azure", "mooncake", "sessions", "lmsys")
 
@@ -91,8 +91,9 @@ class Workload:
 def load(kind: str, path: str | None = None, max_requests: int | None = None,
          length_scale: float = 1.0, max_len: int = 32768, vocab_size: int = 151643,
          seed: int = 0, rate: float = 1.0) -> Workload:
-    """A workload by kind: azure/mooncake/sessions read `path`; lmsys generates sessions
-    (`max_requests` turns in all, about) at `rate` requests/s."""
+    """A workload by kind: azure/mooncake/sessions read `path` (with `workload.load`, the
+    reader every replayer uses); lmsys generates sessions (`max_requests` turns in all, about)
+    at `rate` requests/s."""
     if kind not in KINDS:
         raise ValueError(f"workload kind must be one of {', '.join(KINDS)}, got {kind!r}")
     opts = TraceOptions(max_requests=max_requests, length_scale=length_scale,
@@ -104,9 +105,9 @@ def load(kind: str, path: str | None = None, max_requests: int | None = None,
     if path is None:
         raise ValueError(f"workload {kind} needs a file")
     name = os.path.basename(path)
-    if kind == "sessions":
-        return Workload(name, kind, sessions=read_sessions_jsonl(path, opts))
-    trace = (read_azure_csv if kind == "azure" else read_mooncake_jsonl)(path, opts)
+    trace = load_trace(kind, path, opts)
+    if isinstance(trace, SessionTrace):
+        return Workload(name, kind, sessions=trace)
     new = implied_new_tokens(trace.requests)
     return Workload(name, kind, [OpenItem(r, n) for r, n in zip(trace.requests, new)])
 

@@ -1,12 +1,13 @@
 """Replay a trace against a running OpenAI-compatible server over HTTP, and summarize it.
 
 Open-loop traces (Azure, Mooncake) send each request at its arrival time. Sessions run closed
-loop: a session's first turn goes at its arrival, turn k ``think_s`` after turn k-1's answer
-completed, with the prompt = turn k-1's prompt + the answer ids the server actually returned +
-the new input, so the shared prefix really repeats and the prefix cache is exercised. A turn
-whose predecessor failed is not sent (recorded as failed: its prompt cannot be built).
+loop (``workload.driver``): a session's first turn goes at its arrival, turn k ``think_s`` after
+turn k-1's answer completed, with the prompt = turn k-1's prompt + the answer ids the server
+actually returned + the new input, so the shared prefix really repeats and the prefix cache is
+exercised. A turn whose predecessor failed is not sent (recorded as failed: its prompt cannot
+be built).
 
-    result = await replay("http://127.0.0.1:8000", load_workload(path, "sessions", opts),
+    result = await replay("http://127.0.0.1:8000", load("sessions", path, opts),
                           ReplayConfig(concurrency_limit=64))
     print(format_summary(result.summary))
 """
@@ -24,26 +25,11 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
+from .driver import SessionTurn, run_session
 from .http_client import (ReplayConfig, RequestRecord, ServerInfo, fetch_server_info,
                           stream_completion)
-from .records import Trace, TraceOptions
-from .sessions import Session, SessionTrace, read_sessions_jsonl
-from .traces import detect_format, read_azure_csv, read_mooncake_jsonl
-
-FORMATS = ("azure", "mooncake", "sessions")
-
-
-def load_workload(path: str | os.PathLike[str], fmt: str | None,
-                  opts: TraceOptions) -> Trace | SessionTrace:
-    """A trace (azure, mooncake) or sessions; ``fmt=None`` detects the format from the file."""
-    fmt = fmt or detect_format(path)
-    if fmt == "azure":
-        return read_azure_csv(path, opts)
-    if fmt == "mooncake":
-        return read_mooncake_jsonl(path, opts)
-    if fmt == "sessions":
-        return read_sessions_jsonl(path, opts)
-    raise ValueError(f"unknown trace format {fmt!r}; expected one of {FORMATS}")
+from .records import TokenSpace, Trace
+from .sessions import Session, SessionTrace
 
 
 @dataclasses.dataclass
@@ -75,10 +61,9 @@ class _Runner:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    async def wait_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
     async def send(self, rec: RequestRecord, prompt_ids: list[int]) -> list[int]:
         async with self.slots:
@@ -92,24 +77,25 @@ class _Runner:
         return ids
 
     async def request(self, req, rec: RequestRecord) -> None:
-        await self.wait_until(req.arrival_s)
+        await self.sleep(req.arrival_s - self.now())
         await self.send(rec, req.prompt_token_ids())
 
-    async def session(self, s: Session, space, recs: list[RequestRecord]) -> None:
-        prompt: list[int] | None = None
-        answer: list[int] | None = None
-        done_s: float | None = None
-        for k, rec in enumerate(recs):
-            if k and not recs[k - 1].ok:
-                for later in recs[k:]:
-                    later.error = f"not sent: turn {recs[k - 1].turn} of the session failed"
-                    self.bar.update(1)
-                return
-            rec.arrival_s = s.turn_arrival(k, done_s)
-            await self.wait_until(rec.arrival_s)
-            prompt = s.prompt_ids(k, space, prompt, answer)
-            answer = await self.send(rec, prompt)
-            done_s = self.now()
+    async def session(self, s: Session, space: TokenSpace, recs: list[RequestRecord]) -> None:
+        """One session through the shared driver (times already scaled by the reader); a
+        failed turn ends it, and the turns after it are recorded as not sent."""
+        def scheduled(turn: SessionTurn) -> None:
+            recs[turn.index].arrival_s = turn.arrival_s
+
+        async def submit(turn: SessionTurn) -> list[int] | None:
+            rec = recs[turn.index]
+            ids = await self.send(rec, turn.prompt)
+            return ids if rec.ok else None
+
+        end = await run_session(s, space, submit, self, 0.0, scheduled=scheduled)
+        if end.reason == "failed":
+            for later in recs[end.sent:]:
+                later.error = f"not sent: turn {recs[end.sent - 1].turn} of the session failed"
+                self.bar.update(1)
 
 
 def _records(work: Trace | SessionTrace) -> tuple[list[RequestRecord], list[list[RequestRecord]]]:

@@ -16,7 +16,6 @@ import re
 
 from .records import (Segment, Trace, TraceFormatError, TraceOptions, TraceRequest,
                       iter_json_objects, parse_count, require_field, segment_key)
-from .sessions import flatten_sessions, read_sessions_jsonl
 
 MOONCAKE_BLOCK = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -173,17 +172,3 @@ def detect_format(path: str | os.PathLike[str]) -> str:
             return "mooncake"
         raise TraceFormatError(path, line, "cannot tell the trace format from this record")
     raise TraceFormatError(path, None, "empty trace file")
-
-
-def load_trace(path: str | os.PathLike[str], opts: TraceOptions | None = None,
-               response_s: float = 0.0) -> Trace:
-    """Any supported file as open-loop requests (sessions flattened, see ``flatten_sessions``)."""
-    kind = detect_format(path)
-    if kind == "azure":
-        return read_azure_csv(path, opts)
-    if kind == "mooncake":
-        return read_mooncake_jsonl(path, opts)
-    sessions = read_sessions_jsonl(path, opts)
-    trace = flatten_sessions(sessions, response_s=response_s)
-    trace.notes[:0] = sessions.notes
-    return trace

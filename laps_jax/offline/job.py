@@ -1,8 +1,11 @@
-"""The offline batch-prefill job behind `scripts/prefill_batch.py`.
+"""The offline job's run: prefill every good line, shared prefixes first, and write one output
+line per input line, in input order, a window of lines at a time.
 
-Reads JSONL requests, turns each into token ids (or an error for that line alone), prefills
-shared prefixes once, groups the rest by remaining length into buckets to keep padding low, and
-writes one output line per input line, in input order.
+Each window computes the full-block prefixes two or more of its prompts share once (later
+prompts find them in the prefix cache), then admits prompts as pages allow and prefills them in
+steps cut by the dispatcher's own packing (`engine/packing.py`), shortest first so similar
+lengths share a bucket. A step that fails is re-run one line at a time: the line at fault gets
+the error, its batch-mates their results.
 """
 
 from __future__ import annotations
@@ -11,28 +14,18 @@ import collections
 import dataclasses
 import json
 import time
-from typing import Any, Iterable, TextIO
+from typing import Iterable, TextIO
 
 import numpy as np
 from tqdm import tqdm
 
 from laps_jax.engine.engine import Engine
 from laps_jax.engine.kv_cache import OutOfPages, block_hash
+from laps_jax.engine.packing import shortest_first
 from laps_jax.engine.sequence import SamplingParams, Sequence, Status
-from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
+from laps_jax.offline.lines import JobItem, parse_line, strip_eol
 
 MAX_TOP_LOGPROBS = 20
-
-
-@dataclasses.dataclass
-class JobItem:
-    line_no: int
-    id: Any
-    prompt: list[int] | None = None
-    error: str | None = None
-    seq: Sequence | None = None
-    prompt_lps: list[float] | None = None  # log p(token t | < t) for t >= 1
-    result: dict | None = None
 
 
 @dataclasses.dataclass
@@ -57,63 +50,6 @@ class JobSummary:
                 f"{self.seconds:.2f} s: prompt tokens {self.prompt_tokens} (computed "
                 f"{self.computed_tokens}, from prefix cache {self.cached_tokens}), "
                 f"{tps:.1f} tokens/s, padding {100 * self.padding_fraction:.1f}%")
-
-
-def parse_line(line_no: int, raw: bytes | str, tokenizer, engine: Engine) -> JobItem:
-    """One input line -> a JobItem holding token ids or the reason it cannot run. Nothing in
-    a line (bytes, nesting, numbers, fields) can fail more than that line."""
-    try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError as e:
-        return JobItem(line_no, None, error=f"line {line_no}: not valid UTF-8 (byte "
-                                            f"{e.start}: {e.reason})")
-    if not text.strip():
-        return JobItem(line_no, None, error=f"line {line_no}: blank line (expected a JSON "
-                                            "object)")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        return JobItem(line_no, None, error=f"line {line_no}: invalid JSON ({e.msg})")
-    except RecursionError:
-        return JobItem(line_no, None, error=f"line {line_no}: JSON nested too deeply")
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        return JobItem(line_no, None, error=f"line {line_no}: invalid JSON ({e})")
-    if not isinstance(obj, dict):
-        return JobItem(line_no, None, error=f"line {line_no}: expected a JSON object")
-    item = JobItem(line_no, obj.get("id", line_no))
-    try:  # the HTTP server's own validation: the same input is refused alike, same message
-        limit, vocab = engine.ecfg.max_model_len, engine.cfg.vocab_size
-        if "prompt_token_ids" in obj:
-            ids = obj["prompt_token_ids"]
-            if not isinstance(ids, list):
-                raise ValueError("prompt_token_ids must be a list of integers")
-            ids = parse_prompt({"prompt": ids}, vocab, tokenizer, limit + 1)
-        elif "prompt" in obj:
-            if not isinstance(obj["prompt"], str):
-                raise ValueError("prompt must be a string (token ids go in prompt_token_ids)")
-            ids = parse_prompt(obj, vocab, tokenizer, limit + 1)
-        elif "messages" in obj:
-            ids = parse_messages(obj, tokenizer, limit + 1)
-        else:
-            raise ValueError("expected one of prompt, prompt_token_ids or messages")
-        engine.check_prompt(ids)
-        item.prompt = list(ids)
-    except APIError as e:
-        item.error = f"line {line_no}: {e.message}"
-    except Exception as e:  # every problem stays on its own line
-        item.error = f"line {line_no}: {e}"
-    if item.error is not None and not _json_safe(item.id):
-        item.id = None
-    return item
-
-
-def _json_safe(value) -> bool:
-    """An id we can write back (a huge or deep one from a broken line is dropped)."""
-    try:
-        json.dumps(value)
-        return True
-    except (ValueError, RecursionError, TypeError):
-        return False
 
 
 def shared_prefixes(prompts: list[list[int]], page_size: int) -> list[list[int]]:
@@ -165,10 +101,10 @@ class PrefillJob:
                     break
                 active.append(pending.popleft())
             seqs = {id(it.seq): it for it in active}
-            plan = eng.prefill_plan([it.seq for it in active])
-            if not plan:
+            step = shortest_first([it.seq for it in active], _remaining, eng.grid)
+            if not step:
                 break
-            for seq, n, out in self._prefill_contained(plan[0], seqs):
+            for seq, n, out in self._prefill_contained(step, seqs):
                 it = seqs[id(seq)]
                 if self.prompt_lp:
                     it.prompt_lps.extend(out.target_logprobs.tolist())
@@ -215,8 +151,9 @@ class PrefillJob:
         if self.prompt_lp:
             lps = it.prompt_lps[:len(it.prompt) - 1]
             res["prompt_logprobs"] = [None] + [float(x) for x in lps]
+            page = self.engine.ecfg.page_size
             for d, h in enumerate(seq.pages.hashes if seq.pages else []):
-                self.prefix_lps.setdefault(h, np.asarray(lps[:(d + 1) * self.engine.ecfg.page_size - 1]))
+                self.prefix_lps.setdefault(h, np.asarray(lps[:(d + 1) * page - 1]))
         it.result = res
         self.engine.release(seq, "stop")
 
@@ -227,7 +164,7 @@ class PrefillJob:
         interrupted job keeps what it finished. `skip`: lines an earlier run wrote."""
         eng = self.engine
         lines = list(lines)
-        items = [parse_line(i + 1, _strip_eol(raw), tokenizer, eng)
+        items = [parse_line(i + 1, strip_eol(raw), tokenizer, eng)
                  for i, raw in enumerate(lines) if i >= skip]
         summary = JobSummary(requests=len(lines), skipped=min(skip, len(lines)))
         stats, cache = eng.runner.stats, eng.runner.executables
@@ -266,35 +203,5 @@ class PrefillJob:
         self._run(good, bar)
 
 
-def _strip_eol(raw: bytes | str):
-    return raw.rstrip(b"\r\n") if isinstance(raw, bytes) else raw.rstrip("\r\n")
-
-
-def _line_id(line_no: int, raw: bytes):
-    """The id parse_line gives a line, without tokenizing it (None for a broken line)."""
-    try:
-        obj = json.loads(_strip_eol(raw).decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    return obj.get("id", line_no) if isinstance(obj, dict) else None
-
-
-def resume_point(written: list[bytes], inputs: list[bytes]) -> int:
-    """How many input lines an earlier run's output already answers: its complete lines, each
-    checked to carry the id of the input line at its place (a cut-off last line is dropped).
-    Raises ValueError when the output is not an earlier run of this input."""
-    n = 0
-    for k, raw in enumerate(written):
-        if not raw.endswith(b"\n"):
-            break  # an interrupted write
-        try:
-            row = json.loads(raw)
-        except ValueError:
-            raise ValueError(f"--resume: output line {k + 1} is not JSON") from None
-        want = _line_id(k + 1, inputs[k]) if k < len(inputs) else None
-        if k >= len(inputs) or not isinstance(row, dict) or row.get("id") != want:
-            got = row.get("id") if isinstance(row, dict) else row
-            raise ValueError(f"--resume: output line {k + 1} (id {got!r}) does not "
-                             f"answer input line {k + 1}; is this the output of this input?")
-        n += 1
-    return n
+def _remaining(seq: Sequence) -> int:
+    return seq.remaining_prefill

@@ -1,0 +1,141 @@
+"""The routing policy in front of dispatchers in this process (the simulator's instances).
+
+    router = Router([d0, d1, d2, d3], RouterConfig(policy="length-aware"))
+    await router.start()
+    handle = router.submit(prompt_ids, params, slo=0.5)   # same API as Dispatcher.submit
+    await router.stop()
+
+It measures what the policy needs: each instance's cached prefix of the prompt (read from its
+prefix caches, nothing pinned) and its pending prefill work (predicted seconds of prefill
+routed to it and not done yet, partly done requests counted by what is left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence as Seq
+
+from laps_jax.cluster.policy import POLICIES, RouterConfig, RoutingPolicy
+from laps_jax.engine.kv_cache import block_hash
+from laps_jax.engine.sequence import SamplingParams
+from laps_jax.scheduler.clock import Clock
+from laps_jax.scheduler.dispatcher import Dispatcher
+from laps_jax.scheduler.latency_model import StepShape
+from laps_jax.scheduler.request import Request, RequestHandle
+
+__all__ = ["POLICIES", "Router", "RouterConfig", "cached_prefixes"]
+
+
+def _kv(dispatcher: Dispatcher):
+    """The prefix caches an instance's lanes hold (None when an executor does not expose one)."""
+    kvs = [getattr(getattr(lane.executor, "engine", None), "kv", None) for lane in dispatcher.lanes]
+    return None if any(k is None for k in kvs) else kvs
+
+
+def cached_prefixes(prompt: Seq[int], dispatchers: Seq[Dispatcher]) -> list[int]:
+    """Prompt tokens each instance's prefix cache holds now (best lane). Hashes the prompt once,
+    and only as far as some instance still matches (read-only: nothing is pinned)."""
+    kvs = [_kv(d) for d in dispatchers]
+    if any(k is None for k in kvs) or len({k.page_size for ks in kvs for k in ks}) != 1:
+        return [max(l.executor.cached_prefix(prompt) for l in d.lanes) for d in dispatchers]
+    ps = kvs[0][0].page_size
+    best = [0] * len(dispatchers)
+    alive = {(i, j) for i, ks in enumerate(kvs) for j, k in enumerate(ks) if k.enable_prefix_cache}
+    parent = b""
+    for b in range((len(prompt) - 1) // ps):
+        if not alive:
+            break
+        parent = block_hash(parent, prompt[b * ps:(b + 1) * ps])
+        for i, j in list(alive):
+            if parent in kvs[i][j].by_hash:
+                best[i] = max(best[i], (b + 1) * ps)
+            else:
+                alive.discard((i, j))
+    return best
+
+
+class Router:
+    def __init__(self, dispatchers: Seq[Dispatcher], config: RouterConfig | None = None,
+                 clock: Clock | None = None,
+                 cost: Callable[[int, int, bool], float] | None = None):
+        if not dispatchers:
+            raise ValueError("a router needs at least one instance")
+        self.d = list(dispatchers)
+        self.config = config or RouterConfig()
+        self.clock = clock or self.d[0].clock
+        self.cost = cost or self._default_cost
+        self.policy = RoutingPolicy(len(self.d), self.config, self.d[0].derived.is_short,
+                                    self._full_step())
+        self.pending: list[list[tuple[Request, float, int]]] = [[] for _ in self.d]
+
+    @property
+    def stats(self):
+        return self.policy.stats
+
+    @property
+    def group(self) -> list[str]:
+        return self.policy.group
+
+    @property
+    def spill_s(self) -> float:
+        return self.policy.spill_s
+
+    # -- lifecycle, same as a dispatcher --------------------------------------------------
+    async def start(self) -> None:
+        for d in self.d:
+            await d.start()
+        self.stats.groups.append((self.clock.now(), *self.group_sizes()))
+
+    async def stop(self, drain: bool = True) -> None:
+        await asyncio.gather(*(d.stop(drain) for d in self.d))
+
+    def submit(self, prompt: Seq[int], params: SamplingParams | None = None,
+               arrival_time: float | None = None, slo: float | None = None,
+               request_id: str | None = None) -> RequestHandle:
+        prompt = [int(t) for t in prompt]
+        loads = [self.load(i) for i in range(len(self.d))]
+        c = self.policy.choose(len(prompt), cached_prefixes(prompt, self.d), loads,
+                               self.clock.now())
+        h = self.d[c.instance].submit(prompt, params, arrival_time, slo, request_id)
+        self.pending[c.instance].append(
+            (h.request, self.cost(c.new_tokens, c.cached_tokens, c.short), c.new_tokens))
+        return h
+
+    # -- what the policy is fed -----------------------------------------------------------
+    def _default_cost(self, new: int, cached: int, short: bool) -> float:
+        """Predicted prefill seconds; a short request shares a batch, so it costs its share."""
+        model = self.d[0].model
+        if model is None:
+            return float(new)
+        t = model.predict_prefill(max(new, 1), cached)
+        return t / self.d[0].lanes[0].executor.grid.prefill_batches[-1] if short else t
+
+    def _full_step(self) -> float:
+        """Seconds of one full prefill step (cost units without a latency model)."""
+        grid = self.d[0].lanes[0].executor.grid
+        model = self.d[0].model
+        if model is None:
+            return float(grid.max_batch_tokens)
+        return model.predict(StepShape.exact((min(grid.max_chunk, grid.max_batch_tokens),)))
+
+    def load(self, i: int) -> float:
+        """Pending prefill work of instance i in cost units (seconds with a latency model)."""
+        live, total = [], 0.0
+        for r, cost, new in self.pending[i]:
+            if r.stats.prefill_done is not None or r.done:
+                continue
+            live.append((r, cost, new))
+            left = r.seq.remaining_prefill if r.seq.pages is not None else new
+            total += cost * min(1.0, left / max(new, 1))
+        self.pending[i] = live
+        return total
+
+    def group_sizes(self) -> tuple[int, int]:
+        return self.policy.group_sizes()
+
+    def metrics(self) -> dict:
+        s = self.stats
+        return {"policy": self.config.policy, "routed": list(s.routed),
+                "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
+                "spill_s": self.spill_s, "groups": [list(g) for g in s.groups],
+                "instances": [d.metrics().to_dict() for d in self.d]}
