@@ -28,6 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from laps_jax.bench import validate_command
 from laps_jax.sim import cli, study
 
 WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like sessions), " \
@@ -147,7 +148,7 @@ def parse(argv):
                         "real (the machine's noise floor)")
     v.add_argument("--output", default=None, help="result JSON (+ .md table beside it)")
     v.add_argument("--figure", default=None, help="PNG of real vs simulated")
-    v.set_defaults(func=study.cmd_validate)
+    v.set_defaults(func=validate_command.cmd_validate)
 
     p = sub.add_parser("plot", help="redraw tables and figures from results.json files")
     p.add_argument("results", nargs="+", help="results.json of one or more sweeps (merged)")

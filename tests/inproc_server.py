@@ -4,6 +4,7 @@ has (nothing new compiles); tests talk to it over loopback and can patch its eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import threading
@@ -79,3 +80,15 @@ def is_json_error(body) -> bool:
     return (isinstance(body, dict) and isinstance(body.get("error"), dict)
             and set(body["error"]) >= {"message", "type", "code", "param"}
             and isinstance(body["error"]["message"], str))
+
+
+@contextlib.contextmanager
+def serving(engine_for, layout: str = "gqa2_untied", **kw):
+    """An `InProcessServer` over the shared engine of a test checkpoint layout, stopped after."""
+    from laps_jax.text.tokenizer import Tokenizer
+    engine, path = engine_for(layout)
+    s = InProcessServer(engine, Tokenizer(path), **kw)
+    try:
+        yield s
+    finally:
+        s.stop()

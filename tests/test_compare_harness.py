@@ -108,7 +108,7 @@ def test_compare_repeats_rounds_in_alternating_order(tmp_path):
         (1, "laps"), (1, "mixed"), (2, "laps"), (2, "mixed")]
     assert len(rows) == 4 * 60
     assert [sorted(m) for m in out["metrics_rounds"]] == [["laps", "mixed"]] * 2
-    from laps_jax.sim.cells import real_requests, run_rounds
+    from laps_jax.bench.cells import real_requests, run_rounds
     assert run_rounds(out) == 2
     assert {m: len(v) for m, v in real_requests(str(tmp_path), 2).items()} == {"mixed": 60,
                                                                                 "laps": 60}
@@ -120,7 +120,7 @@ def test_a_variant_runs_its_mode_with_its_settings_beside_the_others(tmp_path):
     with those settings (virtual time is exact), laps keeps its own, and validation replays the
     variant with its settings (every cell exact)."""
     from laps_jax.bench.variants import parse_variant
-    from laps_jax.sim.validate import ValidationOptions, validate
+    from laps_jax.bench.validate import ValidationOptions, validate
     logs: list[str] = []
     out = simulated_compare(tmp_path / "ab", logs,
                              variants=(parse_variant(
@@ -145,7 +145,7 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     """The median-over-rounds verdict: per cell, the median of the real values over the rounds
     against the median of the simulated ones; cells of pools under min_samples are shown, not
     judged; the noise floor compares the odd rounds' real median with the even rounds'."""
-    from laps_jax.sim.cells import over_rounds
+    from laps_jax.bench.cells import over_rounds
 
     def result(real50, sim50, real90, sim90, n=50):
         row = {"mode": "laps", "pool": "short", "n_real": n, "n_sim": n,

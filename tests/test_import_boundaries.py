@@ -36,7 +36,7 @@ def test_scheduler_and_simulator_import_and_run_without_jax(tmp_path):
     trace through the real dispatcher, with JAX made unimportable."""
     result = tmp_path / "sim.json"
     code = f"""
-import laps_jax.scheduler, laps_jax.sim, laps_jax.sim.validate, laps_jax.bench.compare
+import laps_jax.scheduler, laps_jax.sim, laps_jax.bench.validate, laps_jax.bench.compare
 assert not any(m.split('.')[0] == 'jax' for m in sys.modules)
 sys.argv = ['simulate.py', 'run', '--workload', 'azure', '--mode', 'laps', '--load', '0.7',
             '--requests', '60', '--output', {str(result)!r}]

@@ -14,7 +14,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from inproc_server import MODEL, InProcessServer, is_json_error
+from inproc_server import MODEL, is_json_error, serving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +97,8 @@ request = (st.tuples(st.just("/v1/completions"), completion)
 
 @pytest.fixture(scope="module")
 def srv(engine_for):
-    from laps_jax.text.tokenizer import Tokenizer
-    engine, path = engine_for("gqa2_untied")
-    s = InProcessServer(engine, Tokenizer(path))
-    yield s
-    s.stop()
+    with serving(engine_for) as s:
+        yield s
 
 
 def _check(srv, path: str, body) -> int:

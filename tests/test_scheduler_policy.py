@@ -14,8 +14,8 @@ from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
 from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
                                       pack)
 from laps_jax.scheduler.request import LONG, SHORT, Request, RequestStats
-from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
 from laps_jax.scheduler.window import WaitingWindow
+from laps_jax.sim.engine import SimEngine, SimExecutor
 
 GRID = BucketGrid.default(max_chunk=256, max_prefill_batch=8, max_decode_batch=8, min_tokens=16,
                           max_batch_tokens=512)

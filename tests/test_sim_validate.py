@@ -29,7 +29,7 @@ def test_calibration_scales_each_kind_and_its_jitter_is_seeded():
 
 
 def test_step_jitter_is_the_real_spread_the_simulation_lacks():
-    from laps_jax.sim.lane_timings import step_jitter
+    from laps_jax.bench.lane_timings import step_jitter
 
     def lanes(*buckets):  # (key, [step seconds ...]) -> lanes as comparison.json holds them
         acc = {k: [len(ts), sum(ts), sum(t * t for t in ts)] for k, ts in buckets}
@@ -51,7 +51,7 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
     run's own ratio."""
     import json
 
-    from laps_jax.sim.validate import ValidationOptions, same_speed, validate
+    from laps_jax.bench.validate import ValidationOptions, same_speed, validate
     out = simulated_compare(tmp_path)
     comp = json.loads((tmp_path / "comparison.json").read_text())
     comp["rounds"][1]["laps"]["others_cpu_share"] = 0.25  # a busy neighbour in round 2 only
@@ -95,8 +95,8 @@ def test_validation_of_a_simulated_run_reproduces_it(tmp_path):
 
 
 def test_cell_gain_is_the_relative_change_per_relative_step_change():
-    from laps_jax.sim.cells import markdown, over_rounds
-    from laps_jax.sim.validate import cell_gains
+    from laps_jax.bench.cells import markdown, over_rounds
+    from laps_jax.bench.validate import cell_gains
     row = lambda pool, sim: {"mode": "laps", "pool": pool, "n_real": 9, "real_p50_ms": 100.0,
                              "sim_p50_ms": sim, "err_p50": sim / 100 - 1, "real_p90_ms": 200.0,
                              "sim_p90_ms": 2 * sim, "err_p90": sim / 100 - 1}
@@ -122,7 +122,7 @@ def test_validation_with_another_profile_plans_with_the_runs_model(tmp_path):
     (planning with the slow model: 23% off)."""
     import json
 
-    from laps_jax.sim.validate import ValidationOptions, validate
+    from laps_jax.bench.validate import ValidationOptions, validate
     out = simulated_compare(tmp_path / "run")
     model = LatencyModel.from_dict(out["run"]["latency_model"], PRESETS["bench-cpu"])
     slow = model.scaled(2.0)

@@ -29,7 +29,8 @@ from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import SchedulerConfig
 from laps_jax.scheduler.profiling import (attention_blocks_of, load_profile, plan_shapes,
                                           profile)
-from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
+from laps_jax.sim.engine import SimEngine, SimExecutor
+from laps_jax.sim.summary import summarize_requests
 from laps_jax.bench.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
 from laps_jax.bench.variants import Variant, apply
@@ -283,7 +284,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
             (stats, m, _), cpu, reruns = run_unbusy(
                 lambda: run_mode(mode), None if o.simulate else o.max_others_cpu,
                 o.busy_reruns, again)
-            r = summary[mode] = report.summarize(stats)
+            r = summary[mode] = summarize_requests(stats)
             r["wall_s"] = cpu.wall  # the run kept
             r["others_cpu_share"] = None if o.simulate else cpu.others
             r["steal_cpu_share"] = None if o.simulate else cpu.steal

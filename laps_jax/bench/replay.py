@@ -21,7 +21,7 @@ from laps_jax.engine.sequence import SamplingParams
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.request import RequestStats
 from laps_jax.workload.driver import SessionPacing, SessionTurn, run_sessions
-from laps_jax.workload.records import Trace
+from laps_jax.workload.records import Trace, implied_new_tokens
 from laps_jax.workload.sessions import SessionTrace, flatten_sessions
 
 SloFn = Callable[[int, int], float]
@@ -34,23 +34,6 @@ class OpenRequest:
     prompt: list[int]
     max_tokens: int
     new_tokens: int  # prompt tokens the trace implies are not cached yet
-
-
-def implied_new_tokens(requests) -> list[int]:
-    """Per request: tokens not covered by session history or by Mooncake blocks seen earlier."""
-    seen: set[tuple[int, ...]] = set()
-    out = []
-    for r in requests:
-        cached = r.history_len
-        if r.hash_ids and r.block_size:
-            full = min(len(r.hash_ids), r.input_len // r.block_size)
-            k = 0
-            while k < full and tuple(r.hash_ids[:k + 1]) in seen:
-                k += 1
-            seen.update(tuple(r.hash_ids[:i + 1]) for i in range(full))
-            cached = max(cached, min(k * r.block_size, r.input_len - 1))
-        out.append(r.input_len - cached)
-    return out
 
 
 def open_requests(trace: Trace) -> list[OpenRequest]:

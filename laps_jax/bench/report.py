@@ -1,11 +1,12 @@
-"""Summaries of a replay: the numbers compare_modes writes, the laps/mixed ratios, a markdown
-table and TTFT plots. Pure functions over `RequestStats` lists."""
+"""What compare_modes makes of its replays: the laps/mixed ratios against issue 4's goals, a
+markdown table, TTFT plots and the comparison's files. Each mode's numbers come from
+`sim.summary.summarize_requests` (the simulator reports the same fields)."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -19,43 +20,6 @@ FIELDS = ("ttft_ms_p50", "ttft_ms_p90", "ttft_short_ms_p90", "ttft_long_ms_p90",
 GOALS = {"ttft_short_ms_p90": ("<=", 0.5), "prefill_latency_ms_mean": ("<=", 0.7),
          "slo_violation_rate": ("<=", 0.72), "ttft_long_ms_p90": ("<=", 1.1),
          "throughput_tokens_per_s": (">=", 1.0)}
-
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if len(xs) else None
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else 1e3 * x
-
-
-def summarize(stats: Iterable[RequestStats]) -> dict:
-    """The comparison fields (and a few more) for one mode's requests."""
-    stats = list(stats)
-    done = [s for s in stats if s.finish_reason in ("length", "stop") and s.ttft is not None]
-    ttft = [s.ttft for s in done]
-    short = [s.ttft for s in done if s.pool == SHORT]
-    long = [s.ttft for s in done if s.pool == LONG]
-    prefill = [s.prefill_latency for s in done]
-    with_slo = [s for s in stats if s.slo_s is not None]
-    t0 = min((s.arrival for s in stats), default=0.0)
-    t1 = max((s.finished or s.arrival for s in stats), default=0.0)
-    tokens = sum(s.new_tokens + s.output_tokens for s in done)
-    return {
-        "ttft_ms_p50": _ms(_pct(ttft, 50)), "ttft_ms_p90": _ms(_pct(ttft, 90)),
-        "ttft_ms_p99": _ms(_pct(ttft, 99)), "ttft_ms_mean": _ms(float(np.mean(ttft)) if ttft else None),
-        "ttft_short_ms_p50": _ms(_pct(short, 50)), "ttft_short_ms_p90": _ms(_pct(short, 90)),
-        "ttft_long_ms_p50": _ms(_pct(long, 50)), "ttft_long_ms_p90": _ms(_pct(long, 90)),
-        "prefill_latency_ms_mean": _ms(float(np.mean(prefill)) if prefill else None),
-        "slo_violation_rate": (sum(bool(s.slo_violated) for s in with_slo) / len(with_slo)
-                               if with_slo else None),
-        "throughput_tokens_per_s": tokens / (t1 - t0) if t1 > t0 else None,
-        "completed": len(done), "failed": len(stats) - len(done),
-        "short_requests": sum(s.pool == SHORT for s in done),
-        "long_requests": sum(s.pool == LONG for s in done),
-        "cached_tokens": sum(s.cached_tokens for s in done),
-        "makespan_s": t1 - t0,
-    }
 
 
 def ratio(a: dict, b: dict, fields: Sequence[str] = FIELDS) -> dict:

@@ -22,9 +22,10 @@ short group keep it where it was prefilled). A request goes to the group whose p
 holds more of its prompt when its new tokens are short, else to the long group).
 
 `engine` may be an `Engine` (run on a worker thread by `EngineExecutor`) or any
-`StepExecutor`, e.g. a `SimExecutor` with `clock=SimClock()` under `run_simulated`. `submit`
-raises ValueError (with the limit) for a request that can never run. `slo` is the request's
-TTFT target in seconds: the short pool dispatches early rather than miss it.
+`StepExecutor`, e.g. the simulator's `SimExecutor` with `clock=SimClock()` under
+`run_simulated`. `submit` raises ValueError (with the limit) for a request that can never run.
+`slo` is the request's TTFT target in seconds: the short pool dispatches early rather than miss
+it.
 """
 
 from __future__ import annotations

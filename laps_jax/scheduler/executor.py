@@ -2,8 +2,9 @@
 
 `StepExecutor` is the interface the dispatcher drives. `EngineExecutor` runs every engine call
 (admission, prefill, decode, release) on one worker thread, so the event loop never waits on the
-device and the engine's host state is only ever touched from that thread. `SimExecutor`
-(sim_executor.py) has the same interface and advances a virtual clock by the latency model.
+device and the engine's host state is only ever touched from that thread. The simulator's
+`SimExecutor` (laps_jax/sim/engine.py) has the same interface and advances a virtual clock by
+the latency model.
 
 Admission is conservative: a request is admitted only if the free pages cover its whole prompt +
 max_tokens on top of what every admitted request may still grow into, so decode never runs out

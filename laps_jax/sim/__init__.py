@@ -12,13 +12,16 @@ roofline from device figures, or a CPU profile). See docs/SIMULATION.md.
         src.cfg, src.hardware)), rate=8.0)
     print(summarize(simulate(spec, src, w), spec, src))
 
-Modules: hardware (device figures, latency-model sources, physical limit), executor (simulated
-steps, shared device), instance (one dispatcher over simulated executors), workload (traces and
-sessions at a rate), driver (one run), summary (its numbers), sweep / study / tables / plots (the
-study), validate (against a real compare_modes run), cli (options of scripts/simulate.py).
+Modules: hardware (device figures, latency-model sources, physical limit), engine (the stand-in
+engine and its `StepExecutor`), executor (simulated steps, shared device), instance (one
+dispatcher over simulated executors), workload (traces and sessions at a rate), driver (one
+run), summary (its numbers), sweep / study / tables / plots (the study), cli (options of
+scripts/simulate.py). Validation against a real compare_modes run is the harness's
+(bench/validate.py).
 
-May import: scheduler, cluster, engine (its plain-Python modules), workload, bench; never
-server, models or pallas_kernels, and no JAX.
+May import: scheduler, cluster, engine (its plain-Python modules), workload; never bench (the
+harness imports the simulator: compare_modes --simulate, validation), server, models or
+pallas_kernels, and no JAX.
 """
 
 from laps_jax.sim.driver import RunResult, RunSpec, simulate  # noqa: F401

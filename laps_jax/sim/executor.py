@@ -1,6 +1,6 @@
 """How a simulated step takes time: on a device of its own, or on one shared with another lane.
 
-`SimStepExecutor` is the scheduler's `SimExecutor` (real prefix cache and admission, the latency
+`SimStepExecutor` is `SimExecutor` (engine.py: real prefix cache and admission, the latency
 model's step time) with two additions the simulator needs:
 
 - `SharedDevice`: laps-spatial on *one* device runs its short and long lanes concurrently on the
@@ -28,7 +28,7 @@ from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.executor import StepInfo
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
-from laps_jax.scheduler.sim_executor import SimEngine, SimExecutor
+from laps_jax.sim.engine import SimEngine, SimExecutor
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ from laps_jax.scheduler.clock import Clock
 from laps_jax.scheduler.dispatcher import Dispatcher
 from laps_jax.scheduler.latency_model import LatencyModel
 from laps_jax.scheduler.policy import MODES, SchedulerConfig
-from laps_jax.scheduler.sim_executor import SimEngine
+from laps_jax.sim.engine import SimEngine
 from laps_jax.sim.executor import Calibration, FastGrid, SharedDevice, SimStepExecutor
 
 

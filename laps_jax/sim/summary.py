@@ -1,5 +1,9 @@
 """The numbers a simulated run reports, with its throughput next to the physical limit.
 
+`summarize_requests` gives the fields of one mode's requests that compare_modes reports too (the
+harness imports it from here: bench may import sim, never the reverse); `summarize` adds the
+prefill side.
+
 Prefill throughput is split three ways, because a tokens-per-second figure means nothing
 without it: *computed* tokens (new tokens the device actually ran through the model),
 *cached* tokens (prompt tokens found in the prefix cache: no compute at all) and *padded*
@@ -10,9 +14,10 @@ device: one H200 at 790 TFLOP/s over 65.5 GFLOP per Qwen2.5-32B token computes a
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
-from laps_jax.bench import report
 from laps_jax.scheduler.request import LONG, SHORT, RequestStats
 from laps_jax.sim.driver import RunResult, RunSpec, sim_executors
 from laps_jax.sim.hardware import ModelSource
@@ -28,8 +33,37 @@ def _ms(xs: list[float], q: float | None = None) -> float | None:
     return 1e3 * float(np.mean(xs) if q is None else np.percentile(xs, q))
 
 
+def summarize_requests(stats: Iterable[RequestStats]) -> dict:
+    """The comparison fields (and a few more) for one mode's requests."""
+    stats = list(stats)
+    done = [s for s in stats if s.finish_reason in ("length", "stop") and s.ttft is not None]
+    ttft = [s.ttft for s in done]
+    short = [s.ttft for s in done if s.pool == SHORT]
+    long = [s.ttft for s in done if s.pool == LONG]
+    prefill = [s.prefill_latency for s in done]
+    with_slo = [s for s in stats if s.slo_s is not None]
+    t0 = min((s.arrival for s in stats), default=0.0)
+    t1 = max((s.finished or s.arrival for s in stats), default=0.0)
+    tokens = sum(s.new_tokens + s.output_tokens for s in done)
+    return {
+        "ttft_ms_p50": _ms(ttft, 50), "ttft_ms_p90": _ms(ttft, 90),
+        "ttft_ms_p99": _ms(ttft, 99), "ttft_ms_mean": _ms(ttft),
+        "ttft_short_ms_p50": _ms(short, 50), "ttft_short_ms_p90": _ms(short, 90),
+        "ttft_long_ms_p50": _ms(long, 50), "ttft_long_ms_p90": _ms(long, 90),
+        "prefill_latency_ms_mean": _ms(prefill),
+        "slo_violation_rate": (sum(bool(s.slo_violated) for s in with_slo) / len(with_slo)
+                               if with_slo else None),
+        "throughput_tokens_per_s": tokens / (t1 - t0) if t1 > t0 else None,
+        "completed": len(done), "failed": len(stats) - len(done),
+        "short_requests": sum(s.pool == SHORT for s in done),
+        "long_requests": sum(s.pool == LONG for s in done),
+        "cached_tokens": sum(s.cached_tokens for s in done),
+        "makespan_s": t1 - t0,
+    }
+
+
 def summarize(result: RunResult, spec: RunSpec, src: ModelSource) -> dict:
-    """compare_modes' fields (scheduler.report.summarize) plus the prefill-side figures.
+    """compare_modes' fields (`summarize_requests`) plus the prefill-side figures.
 
     Closed-loop sessions ramp up and drain; their figures cover only requests arriving in the
     steady-state window (the others still ran, as load), throughput over the window's length."""
@@ -37,7 +71,7 @@ def summarize(result: RunResult, spec: RunSpec, src: ModelSource) -> dict:
     if result.window is not None:
         lo, hi = result.window
         stats = [s for s in stats if lo <= s.arrival <= hi]
-    out = report.summarize(stats)
+    out = summarize_requests(stats)
     done = [s for s in stats if _ok(s)]
     if not done:
         return out

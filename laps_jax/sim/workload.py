@@ -14,8 +14,8 @@ import os
 import numpy as np
 
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
-from laps_jax.bench.replay import implied_new_tokens
-from laps_jax.workload.records import TokenSpace, TraceOptions, TraceRequest
+from laps_jax.workload.records import (TokenSpace, TraceOptions, TraceRequest,
+                                       implied_new_tokens)
 from laps_jax.workload.load import load as load_trace
 from laps_jax.workload.sessions import SessionTrace
 

@@ -236,6 +236,25 @@ class Trace:
         return summarize([r.input_len for r in self.requests], threshold)
 
 
+def implied_new_tokens(requests) -> list[int]:
+    """Per request: tokens not covered by session history or by Mooncake blocks seen earlier
+    (what the trace says a warm prefix cache leaves to prefill; replays and the simulator set
+    SLOs and offered loads by it)."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for r in requests:
+        cached = r.history_len
+        if r.hash_ids and r.block_size:
+            full = min(len(r.hash_ids), r.input_len // r.block_size)
+            k = 0
+            while k < full and tuple(r.hash_ids[:k + 1]) in seen:
+                k += 1
+            seen.update(tuple(r.hash_ids[:i + 1]) for i in range(full))
+            cached = max(cached, min(k * r.block_size, r.input_len - 1))
+        out.append(r.input_len - cached)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class LengthSummary:
     """The numbers the LAPS argument rests on: how many requests are short, and the tail."""

@@ -1,11 +1,12 @@
-"""A simulated step executor: the engine's bookkeeping, the latency model's clock.
+"""The simulator's stand-in for the engine: the engine's bookkeeping, the latency model's clock.
 
 `SimEngine` does what `Engine` does on the host (page allocation with the real prefix cache,
 progress of each sequence, finishing at max_tokens) but produces deterministic stand-in tokens
-instead of running a model. `SimExecutor` wraps it in the `StepExecutor` interface and makes
-each step take the latency model's prediction on the dispatcher's clock: under `run_simulated`
-that is virtual time, so a simulation of an hour of traffic runs in seconds with the exact pool,
-window and dispatch code that serves real requests.
+instead of running a model. `SimExecutor` wraps it in the scheduler's `StepExecutor` interface
+and makes each step take the latency model's prediction on the dispatcher's clock: under
+`run_simulated` that is virtual time, so a simulation of an hour of traffic runs in seconds with
+the exact pool, window and dispatch code that serves real requests. Simulator support, not
+serving core: it lives here, and the scheduler only defines the interface it fills.
 """
 
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""/metrics reports load the way routers read it: the model-server protocol's queued and running
+requests and KV-cache use (scraped by a Prometheus text parser), and the prompt tokens still to
+prefill per pool; all back to zero when the work is done."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inproc_server import MODEL, serving
+
+
+@pytest.fixture(scope="module")
+def srv(engine_for):
+    with serving(engine_for) as s:
+        yield s
+
+
+def scrape(srv) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(m: dict, name: str, **labels) -> float:
+    return m[(name, tuple(sorted(labels.items())))]
+
+
+def pending(m: dict) -> dict[str, float]:
+    return {dict(k[1])["pool"]: v for k, v in m.items() if k[0] == "laps_pending_prefill_tokens"}
+
+
+def test_queued_running_kv_and_pending_tokens(srv):
+    engine = srv.engine
+    gate, entered = threading.Event(), threading.Event()
+    prefill = engine.prefill
+
+    def held(*a, **kw):  # the first step waits until the test has looked
+        entered.set()
+        gate.wait(30)
+        return prefill(*a, **kw)
+
+    rng = random.Random(time.time_ns())
+    lengths = [7, 40, 90, 150]
+    prompts = [[rng.randrange(3, 900) for _ in range(n)] for n in lengths]
+    engine.prefill = held
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            first = pool.submit(srv.post, "/v1/completions",
+                                {"model": MODEL, "prompt": prompts[0], "max_tokens": 4})
+            assert entered.wait(30)
+            rest = [pool.submit(srv.post, "/v1/completions",
+                                {"model": MODEL, "prompt": p, "max_tokens": 4})
+                    for p in prompts[1:]]
+            deadline = time.time() + 10
+            while time.time() < deadline:  # until the others have reached the dispatcher
+                m = scrape(srv)
+                if value(m, "vllm:num_requests_waiting") == len(prompts):
+                    break
+                time.sleep(0.05)
+            # the lane is inside the first step: nothing has finished a prefill yet
+            assert value(m, "vllm:num_requests_waiting") == len(prompts)
+            assert value(m, "vllm:num_requests_running") == 0
+            by_pool = pending(m)
+            assert sum(by_pool.values()) == sum(lengths)  # nothing of these prompts is cached
+            assert by_pool["admission"] == sum(lengths[1:])  # the others wait to be admitted
+            usage = value(m, "vllm:kv_cache_usage_perc")
+            assert 0.0 < usage < 0.05  # the first request's pages, of 4,096
+            info = [k for k in m if k[0] == "vllm:cache_config_info"]
+            assert dict(info[0][1])["block_size"] == str(engine.kv.page_size)
+            assert int(dict(info[0][1])["num_gpu_blocks"]) == engine.kv.num_pages - 1
+            gate.set()
+            answers = [first.result(60)] + [f.result(60) for f in rest]
+    finally:
+        gate.set()
+        del engine.prefill
+    assert [a[0] for a in answers] == [200] * len(prompts)
+    deadline = time.time() + 10
+    while time.time() < deadline and value(scrape(srv), "vllm:kv_cache_usage_perc") > 0:
+        time.sleep(0.05)
+    m = scrape(srv)
+    assert value(m, "vllm:num_requests_waiting") == value(m, "vllm:num_requests_running") == 0
+    assert value(m, "vllm:kv_cache_usage_perc") == 0.0
+    assert set(pending(m).values()) == {0.0}
