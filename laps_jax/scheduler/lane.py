@@ -94,8 +94,10 @@ class Lane:
     def metrics(self) -> LaneMetrics:
         q = dict(self.planner.queue_lengths(), admission=len(self.incoming),
                  decode=len(self.decoding))
+        pending = dict(self.planner.pending_tokens(),
+                       admission=sum(len(r.seq.prompt) for r in self.incoming))
         w = self.planner.window
-        return LaneMetrics(self.name, q, self.counters, w.waits if w else 0,
+        return LaneMetrics(self.name, q, pending, self.counters, w.waits if w else 0,
                            w.wait_seconds if w else 0.0, self.executor.stats())
 
     # -- the loop -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class LaneCounters:
 class LaneMetrics:
     name: str
     queue_lengths: dict[str, int]   # per pool, plus "admission" and "decode"
+    pending_prefill_tokens: dict[str, int]  # per pool, plus "admission" (whole prompts)
     counters: LaneCounters
     window_waits: int
     window_wait_seconds: float
@@ -76,6 +77,14 @@ class SchedulerMetrics:
 
     def queue_length(self, pool: str) -> int:
         return sum(l.queue_lengths.get(pool, 0) for l in self.lanes)
+
+    @property
+    def waiting(self) -> int:
+        """Requests whose prefill has not finished: in a pool or not yet admitted."""
+        return sum(n for l in self.lanes for p, n in l.queue_lengths.items() if p != "decode")
+
+    def pending_tokens(self, pool: str) -> int:
+        return sum(l.pending_prefill_tokens.get(pool, 0) for l in self.lanes)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -225,6 +225,9 @@ class MixedPlanner:
     def queue_lengths(self) -> dict[str, int]:
         return {"mixed": len(self.queue)}
 
+    def pending_tokens(self) -> dict[str, int]:
+        return {"mixed": self.queue.pending_tokens()}
+
 
 class LapsPlanner:
     """Short pool first behind its waiting window, long chunks between, starvation bound."""
@@ -298,6 +301,9 @@ class LapsPlanner:
 
     def queue_lengths(self) -> dict[str, int]:
         return {SHORT: len(self.short), LONG: len(self.long)}
+
+    def pending_tokens(self) -> dict[str, int]:
+        return {SHORT: self.short.pending_tokens(), LONG: self.long.pending_tokens()}
 
 
 def make_planner(mode: str, grid: BucketGrid, d: Derived):

@@ -79,6 +79,10 @@ class _Pool:
     def __len__(self) -> int:
         return len(self.reqs)
 
+    def pending_tokens(self) -> int:
+        """Prompt tokens its requests still have to prefill (what a router balances on)."""
+        return sum(r.remaining for r in self.reqs)
+
     def add(self, r: Request, now: float) -> None:
         r.enqueued = r.last_served = now
         self.reqs.append(r)

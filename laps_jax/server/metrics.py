@@ -1,5 +1,14 @@
 """Prometheus metrics for /metrics: request counters and latency histograms, plus gauges read
-from the dispatcher and the engines at scrape time."""
+from the dispatcher and the engines at scrape time.
+
+Load for routers: the Gateway API Inference Extension's model-server protocol asks for queued
+requests, running requests and KV-cache utilisation (and, optionally, the cache's block size
+and block count), and its endpoint picker scrapes them by default under vLLM's names, which
+the protocol lists as the recommended ones. They are exported under those names, so any
+gateway that speaks the protocol balances over laps_jax instances unchanged; beside them,
+`laps_pending_prefill_tokens{pool}` is the load a length-aware router balances on: prompt
+tokens still to prefill, per pool, with requests not yet admitted counted whole.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ class _Live:
 
     def collect(self):
         m = self.dispatcher.metrics()
+        yield from self._protocol(m)
         q = GaugeMetricFamily("laps_queue_length", "Requests waiting, per pool", labels=["pool"])
         pools = sorted({p for lane in m.lanes for p in lane.queue_lengths})
         for pool in pools:
@@ -74,6 +84,28 @@ class _Live:
         for lane in m.lanes:
             waits.add_metric([lane.name], lane.window_waits)
         yield waits
+
+
+    def _protocol(self, m):
+        """The model-server protocol's gauges and the pending prefill tokens per pool."""
+        yield GaugeMetricFamily("vllm:num_requests_waiting", "Requests queued for prefill "
+                                "(in a pool or not yet admitted)", value=m.waiting)
+        yield GaugeMetricFamily("vllm:num_requests_running", "Requests past their prefill, "
+                                "decoding", value=max(m.running - m.waiting, 0))
+        used = sum(e.kv.num_used for e in self.engines)
+        total = sum(e.kv.num_used + e.kv.num_free for e in self.engines)
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "Share of KV pages held by live "
+                                "sequences (0-1)", value=used / total if total else 0.0)
+        info = GaugeMetricFamily("vllm:cache_config_info", "KV cache layout",
+                                 labels=["block_size", "num_gpu_blocks"])
+        info.add_metric([str(self.engines[0].kv.page_size), str(total)], 1.0)
+        yield info
+        pending = GaugeMetricFamily("laps_pending_prefill_tokens", "Prompt tokens still to "
+                                    "prefill, per pool (admission: not yet admitted, whole "
+                                    "prompts)", labels=["pool"])
+        for pool in sorted({p for lane in m.lanes for p in lane.pending_prefill_tokens}):
+            pending.add_metric([pool], m.pending_tokens(pool))
+        yield pending
 
 
 # per-lane counters: (metric name, help, LaneCounters attribute)
