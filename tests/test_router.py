@@ -214,6 +214,45 @@ def test_estimate_reads_prompts():
         assert e.value.status == 400
 
 
+
+def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
+    """scripts/router.py as a process, in front of a port nobody listens on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from laps_jax.workload.http_compare import free_port
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port, dead = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "scripts", "router.py"),
+                             "--instance", f"http://127.0.0.1:{dead}", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                raise AssertionError("healthy with no instance up")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and json.loads(e.read())["healthy_instances"] == 0
+                break
+            except urllib.error.URLError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        status, body, headers = post(url, "/v1/completions", {"prompt": [1, 2]})
+        assert status == 503 and body["error"]["code"] == "unavailable"
+        assert headers["Retry-After"] == "1"
+        with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
+            st = json.loads(r.read())
+        assert st["policy"] == "length-aware" and st["instances"][0]["state"] == "down"
+        assert st["instances"][0]["group"] == "short"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
 # -- slow: two real serve.py instances behind the router -----------------------------------
 
 MODEL = "ckpt"

@@ -80,7 +80,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
             raise _Gone("the stream ended before its end")
         await resp.write_eof()
         return resp
-    except (_Gone, aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (_Gone, aiohttp.ClientError) as e:
         why = str(e) or type(e).__name__
         if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
             why = f"the connection broke ({type(e).__name__})"
