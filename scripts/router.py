@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One OpenAI endpoint in front of several serve.py instances; see `python scripts/router.py --help`."""
+"""One OpenAI endpoint in front of several serve.py instances; see `--help`."""
 
 import sys
 

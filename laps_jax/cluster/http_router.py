@@ -32,7 +32,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
-import logging
 import time
 
 import aiohttp
@@ -46,7 +45,6 @@ from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server.app import STATE, ServerState, _read_body, decode_json, errors_and_auth
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
 
-log = logging.getLogger("laps_jax.router")
 CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenizer
 ANY_VOCAB = 1 << 31      # token ids are range-checked by the instance, not here
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
