@@ -16,8 +16,8 @@ SMALL = ["--max-chunk", "64", "--max-prefill-batch", "4", "--max-decode-batch", 
 
 
 class ServerProcess:
-    def __init__(self, model: str, *extra: str, timeout: float = 300.0):
-        self.port = free_port()
+    def __init__(self, model: str, *extra: str, timeout: float = 300.0, port: int | None = None):
+        self.port = port or free_port()  # (a port: a restart where a router expects it)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                      f"laps_server_{self.port}.log"), "w+")

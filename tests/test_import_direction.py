@@ -27,8 +27,11 @@ FORBIDDEN = {
                  "text"},
     "server": {"bench", "sim", "workload", "offline"},
     "offline": {"server", "bench", "sim", "workload", "cluster"},
-    "cluster": {"pallas_kernels", "models", "server", "bench", "sim", "workload", "text"},
+    "cluster": {"pallas_kernels", "models", "bench", "sim", "workload"},
 }
+# the network router (a front end like the server) reuses the server's HTTP error handling and
+# the instances' tokenizer; the rest of cluster (the policy the simulator runs) must not
+CLUSTER_FRONT_END = {"http_router.py", "proxy.py", "router_cli.py"}
 
 
 def _imports(path: str) -> set[str]:
@@ -77,6 +80,15 @@ def _graph() -> dict[str, dict[str, set[str]]]:
 def test_no_package_imports_against_the_direction(pkg):
     bad = {dep: sorted(files) for dep, files in _graph()[pkg].items() if dep in FORBIDDEN[pkg]}
     assert not bad, f"laps_jax.{pkg} imports {bad}"
+
+
+def test_cluster_policy_stays_off_the_server():
+    root = os.path.join(PKG, "cluster")
+    for f in sorted(os.listdir(root)):
+        if f.endswith(".py") and f not in CLUSTER_FRONT_END:
+            bad = {m for m in _imports(os.path.join(root, f))
+                   if _package_of(m) in ("server", "text")}
+            assert not bad, f"laps_jax/cluster/{f} imports {sorted(bad)}"
 
 
 def test_no_cycle_between_packages():

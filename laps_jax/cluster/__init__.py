@@ -2,8 +2,12 @@
 
 `policy.RoutingPolicy` decides from plain numbers (each instance's cached prefix of the prompt
 and its pending prefill work) and so serves any front end; `inprocess.Router` puts it in front
-of dispatchers in one process (the simulator's multi-instance runs).
+of dispatchers in one process (the simulator's multi-instance runs); `http_router.HTTPRouter`
+puts it in front of serve.py instances over HTTP (`scripts/router.py`), fed from the instances'
+/metrics (`instances.py`, `upstream.py`; the request pass-through in `proxy.py`).
 
-May import: scheduler, engine (host-side pieces: block hashes, sampling parameters). Never
-server, bench, sim, workload, models, pallas_kernels or text; no JAX.
+May import: scheduler, engine (host-side pieces: block hashes, sampling parameters); the network
+router's front end (http_router.py, proxy.py, router_cli.py) also server (its HTTP error
+handling) and text (the instances' tokenizer). Never bench, sim, workload, models or
+pallas_kernels; no JAX.
 """

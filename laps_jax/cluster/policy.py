@@ -88,17 +88,23 @@ class RoutingPolicy:
         s = sum(g == SHORT for g in self.group)
         return s, len(self.group) - s
 
-    def choose(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float
-               ) -> Choice:
+    def choose(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float,
+               eligible: Seq[bool] | None = None) -> Choice:
         """The instance for a prompt of `prompt_len` tokens, given each instance's cached
-        prefix of it and its pending prefill work."""
-        i = self._pick(prompt_len, cached, loads, now)
+        prefix of it and its pending prefill work. `eligible` (default: all) leaves out the
+        instances that cannot take work now (a network router's unhealthy or full ones); with
+        every instance eligible the choice is the same as without it."""
+        if eligible is not None and not any(eligible):
+            raise ValueError("no eligible instance")
+        i = self._pick(prompt_len, cached, loads, now,
+                       (lambda k: True) if eligible is None else (lambda k: bool(eligible[k])))
         self.stats.routed[i] += 1
         new = prompt_len - cached[i]
         return Choice(i, new, cached[i], self.is_short(new, cached[i]))
 
-    def _pick(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float) -> int:
-        best = max(range(self.n), key=lambda i: cached[i])
+    def _pick(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float,
+              ok: Callable[[int], bool]) -> int:
+        best = max((i for i in range(self.n) if ok(i)), key=lambda i: cached[i])
         c = cached[best]
         ratio = self.config.affinity_ratio
         if ratio is not None and c > 0 and c >= ratio * prompt_len:
@@ -107,14 +113,19 @@ class RoutingPolicy:
         p = self.config.policy
         if p == "round-robin":
             i = self._rr
-            self._rr = (self._rr + 1) % self.n
+            while not ok(i):
+                i = (i + 1) % self.n
+            self._rr = (i + 1) % self.n
             return i
         if p == "least-load" or self.n == 1:
-            return self._least_loaded(range(self.n), loads)
-        self._maybe_rebalance(loads, now)
+            return self._least_loaded([i for i in range(self.n) if ok(i)], loads)
+        self._maybe_rebalance(loads, now, ok)
         want = SHORT if self.is_short(prompt_len - c, c) else LONG
-        i = self._least_loaded([k for k, g in enumerate(self.group) if g == want], loads)
-        others = [k for k, g in enumerate(self.group) if g != want]
+        members = [k for k, g in enumerate(self.group) if g == want and ok(k)]
+        others = [k for k, g in enumerate(self.group) if g != want and ok(k)]
+        if not members:  # (only when some are not eligible) the other group takes it
+            return self._least_loaded(others, loads)
+        i = self._least_loaded(members, loads)
         if others and self.spill_s < float("inf"):
             j = min(others, key=lambda k: loads[k])
             if loads[j] + self.spill_s < loads[i]:
@@ -127,13 +138,15 @@ class RoutingPolicy:
         self._rr = (order[0] + 1) % self.n
         return order[0]
 
-    def _maybe_rebalance(self, loads: Seq[float], now: float) -> None:
+    def _maybe_rebalance(self, loads: Seq[float], now: float, ok: Callable[[int], bool]
+                         ) -> None:
         cfg = self.config
         if self._last_rebalance is not None and \
                 now - self._last_rebalance < cfg.rebalance_interval_s:
             return
         self._last_rebalance = now
-        members = {g: [i for i, x in enumerate(self.group) if x == g] for g in (SHORT, LONG)}
+        members = {g: [i for i, x in enumerate(self.group) if x == g and ok(i)]
+                   for g in (SHORT, LONG)}  # (eligible ones: each group keeps one)
         per = {g: sum(loads[i] for i in m) / len(m) for g, m in members.items() if m}
         if len(per) < 2:
             return

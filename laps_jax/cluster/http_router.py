@@ -1,0 +1,240 @@
+"""The network router: serve.py's OpenAI API in front of several serve.py instances.
+
+    app = create_router_app(HTTPRouter(["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+                                       RouterConfig(policy="length-aware")))
+
+`POST /v1/completions` and `POST /v1/chat/completions` (streams passed through as they come),
+`GET /v1/models` (an instance's answer), `GET /health` (200 while some instance is in the
+rotation), `GET /metrics` (the router's own), `GET /router/status` (JSON: each instance's URL,
+group, health and load).
+
+Routing: `policy.RoutingPolicy` over the healthy instances that are not full, fed with each
+instance's load (pending prefill tokens: instances.py, upstream.py) and the prefix of the
+prompt its cache is expected to hold (`upstream.BlockIndex`). That needs the prompt's token ids:
+a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
+(and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
+does. Without a tokenizer the router estimates a text's tokens from its length
+(`CHARS_PER_TOKEN`) and routes without prefix affinity.
+
+The router validates only what it must read (the body is a JSON object); anything else about a
+request is for the instance to judge, and its 4xx answer is passed through as it is, so errors
+read the same as serve.py's. Errors of the router itself are JSON by serve.py's own middleware
+and HTTP runner (auth, size limit, parser errors). It never queues: a request no instance can
+take (all unhealthy, or each at `max_inflight` requests from this router) gets 503 with
+Retry-After. A request whose instance stops answering ends at once with 502 (a stream: an
+error event, then `data: [DONE]`); one whose connection was refused before it was sent is
+routed again to another instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import time
+
+import aiohttp
+from aiohttp import web
+
+from laps_jax.cluster.instances import Instance, poll_forever
+from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
+from laps_jax.cluster.proxy import InstanceDown, relay
+from laps_jax.cluster.router_metrics import RouterMetrics
+from laps_jax.cluster.upstream import cached_prefixes
+from laps_jax.server.app import STATE, ServerState, _read_body, decode_json, errors_and_auth
+from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
+
+CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenizer
+ANY_VOCAB = 1 << 31      # token ids are range-checked by the instance, not here
+DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
+PARSE_THREADS = 2
+
+
+class Estimate:
+    """What routing needs of a request: its prompt's token ids (None: unknown) and length."""
+
+    def __init__(self, ids: list[int] | None, tokens: int, stream: bool):
+        self.ids, self.tokens, self.stream = ids, tokens, stream
+
+
+def estimate(raw: bytes, kind: str, tokenizer, max_model_len: int) -> Estimate:
+    """Reads the body (400 unless a JSON object) and the prompt's tokens, on a worker thread.
+    A prompt the parser refuses is not answered here: the instance answers it."""
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    stream = body.get("stream") is True
+    try:
+        if kind == "completion":
+            p = body.get("prompt")
+            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+                p = p[0]
+            if isinstance(p, str) and tokenizer is None:
+                return Estimate(None, len(p) // CHARS_PER_TOKEN + 1, stream)
+            ids = parse_prompt(body, ANY_VOCAB, tokenizer, max_model_len)
+        else:
+            if tokenizer is None:
+                msgs = body.get("messages")
+                n = sum(len(m.get("content") or "") for m in msgs if isinstance(m, dict)
+                        and isinstance(m.get("content"), str)) if isinstance(msgs, list) else 0
+                return Estimate(None, n // CHARS_PER_TOKEN + 1, stream)
+            ids = parse_messages(body, tokenizer, max_model_len)
+    except APIError:
+        return Estimate(None, 0, stream)
+    return Estimate(list(ids), len(ids), stream)
+
+
+class HTTPRouter:
+    def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
+                 tokenizer=None, threshold: int = 256, spill_tokens: float = 2048.0,
+                 max_inflight: int = 256, instance_api_key: str | None = None):
+        if not urls:
+            raise ValueError("a router needs at least one instance")
+        config = config or RouterConfig()
+        self.config = dataclasses.replace(  # loads are tokens here: threshold and margin too
+            config, threshold=threshold if config.threshold is None else config.threshold,
+            spill_s=spill_tokens if config.spill_s is None else config.spill_s)
+        self.instances = [Instance(u.rstrip("/")) for u in urls]
+        self.policy = RoutingPolicy(len(urls), self.config, lambda new, cached: new <= threshold,
+                                    self.config.spill_s)
+        self.tokenizer, self.max_inflight = tokenizer, max_inflight
+        self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
+                                 if instance_api_key else {})
+        self.session: aiohttp.ClientSession | None = None
+        self._pollers: list[asyncio.Task] = []
+
+    @property
+    def max_model_len(self) -> int:
+        lens = [i.max_model_len for i in self.instances if i.max_model_len]
+        return min(lens) if lens else DEFAULT_MAX_MODEL_LEN
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0))
+        self._pollers = [asyncio.create_task(poll_forever(i, self.session, self.upstream_headers))
+                         for i in self.instances]
+
+    async def stop(self) -> None:
+        for t in self._pollers:
+            t.cancel()
+        await asyncio.gather(*self._pollers, return_exceptions=True)
+        for i in self.instances:
+            i.fail_inflight()
+        if self.session is not None:
+            await self.session.close()
+
+    def group(self, k: int) -> str | None:
+        return self.policy.group[k] if self.config.policy == "length-aware" else None
+
+    def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int]:
+        """(instance, new tokens there) for a request, or a 503 when none can take it."""
+        eligible = [i.healthy and k not in exclude and len(i.inflight) < self.max_inflight
+                    for k, i in enumerate(self.instances)]
+        if not any(eligible):
+            up = sum(i.healthy for i in self.instances)
+            why = (f"all {len(self.instances)} instances are unavailable" if not up else
+                   f"every available instance has {self.max_inflight} requests in flight")
+            raise APIError(f"no instance can take the request now ({why}); retry shortly", 503,
+                           "unavailable", headers={"Retry-After": "1"})
+        cached = (cached_prefixes(est.ids, [i.blocks for i in self.instances])
+                  if est.ids else [0] * len(self.instances))
+        loads = [i.load.load for i in self.instances]
+        c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible)
+        return c.instance, max(est.tokens - c.cached_tokens, 0)
+
+    def status(self) -> dict:
+        s = self.policy.stats
+        return {"policy": self.config.policy, "threshold": self.config.threshold,
+                "healthy": sum(i.healthy for i in self.instances),
+                "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
+                "instances": [i.status(self.group(k)) for k, i in enumerate(self.instances)]}
+
+
+ROUTER = web.AppKey("router", HTTPRouter)
+
+
+async def generate(request: web.Request, kind: str) -> web.StreamResponse:
+    router, state = request.app[ROUTER], request.app[STATE]
+    raw = await _read_body(request, state.read_timeout_s)
+    est = await asyncio.get_running_loop().run_in_executor(
+        state.parse_pool, functools.partial(estimate, raw, kind, router.tokenizer,
+                                            router.max_model_len))
+    path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+    tried: set[int] = set()
+    while True:
+        k, new = router.pick(est, tried)
+        inst = router.instances[k]
+        inst.routed += 1
+        inst.load.sent(new, time.monotonic())
+        if est.ids and inst.blocks is not None:
+            inst.blocks.add(est.ids)
+        try:
+            return await relay(request, router.session, inst, path, raw, est.stream,
+                               router.upstream_headers)
+        except InstanceDown as e:  # refused before anything was sent: try another one
+            inst.mark_down(str(e))
+            tried.add(k)
+
+
+async def completions(request: web.Request):
+    return await generate(request, "completion")
+
+
+async def chat_completions(request: web.Request):
+    return await generate(request, "chat")
+
+
+async def models(request: web.Request):
+    for i in request.app[ROUTER].instances:
+        if i.healthy and i.models is not None:
+            return web.json_response(i.models)
+    raise APIError("no instance is available", 503, "unavailable", headers={"Retry-After": "1"})
+
+
+async def health(request: web.Request):
+    n = sum(i.healthy for i in request.app[ROUTER].instances)
+    return web.json_response({"status": "ok" if n else "unavailable", "healthy_instances": n},
+                             status=200 if n else 503)
+
+
+async def status(request: web.Request):
+    return web.json_response(request.app[ROUTER].status())
+
+
+async def metrics(request: web.Request):
+    return web.Response(body=request.app[STATE].metrics.render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def create_router_app(router: HTTPRouter, api_key: str | None = None,
+                      max_request_bytes: int = 4 << 20) -> web.Application:
+    """The router's aiohttp app; it starts and stops the router with itself. Serve it with
+    `server.http_runner.make_runner` (JSON answers to HTTP parser errors, read timeouts)."""
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[errors_and_auth])
+    # serve.py's middleware reads auth and the request counter from a ServerState; the router
+    # has no engine, so the engine fields stay empty (nothing else of the server runs here)
+    state = ServerState(dispatcher=None, engines=[], tokenizer=router.tokenizer, vocab_size=0,
+                        max_model_len=0, served_names=(), api_key=api_key,
+                        metrics=RouterMetrics(router),
+                        parse_pool=concurrent.futures.ThreadPoolExecutor(
+                            PARSE_THREADS, thread_name_prefix="router-parse"))
+    app[STATE], app[ROUTER] = state, router
+
+    async def start(_app) -> None:
+        await router.start()
+
+    async def stop(_app) -> None:
+        await router.stop()
+        state.parse_pool.shutdown(wait=False, cancel_futures=True)
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/router/status", status)
+    return app

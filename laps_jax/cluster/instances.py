@@ -1,0 +1,128 @@
+"""The network router's view of its instances and the polling that keeps it current.
+
+Each instance is polled every `POLL_INTERVAL_S` (GET /health, then GET /metrics; /v1/models
+when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
+
+- unreachable (refused, reset, timed out, /metrics unreadable): the instance is **down**: it
+  leaves the rotation, the requests in flight on it end at once (the proxy answers them 502,
+  or an error event on a stream: `fail_inflight`), and what the router knew of its cache and
+  load is dropped (a restarted process has an empty cache);
+- /health answering anything but 200 (draining, stalled): **unavailable**: no new requests,
+  those in flight go on (a draining instance finishes its work);
+- /health 200 and /metrics read: **ok**, in the rotation; its load report is taken.
+
+A dead instance leaves the rotation within POLL_INTERVAL_S + POLL_TIMEOUT_S (1.5 s); one whose
+process is gone fails its next poll at once (connection refused), and its streams fail sooner
+still, when their connections break.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+
+import aiohttp
+
+from laps_jax.cluster.upstream import BlockIndex, LoadBook, MetricsReport, parse_metrics
+
+POLL_INTERVAL_S = 0.5
+POLL_TIMEOUT_S = 1.0
+
+
+@dataclasses.dataclass(eq=False)
+class Instance:
+    url: str
+    state: str = "unknown"          # unknown | ok | unavailable | down
+    last_error: str | None = None
+    last_ok: float | None = None
+    report: MetricsReport | None = None
+    models: dict | None = None      # its /v1/models answer
+    max_model_len: int | None = None
+    blocks: BlockIndex | None = None
+    routed: int = 0
+    load: LoadBook = dataclasses.field(default_factory=LoadBook)
+    inflight: set = dataclasses.field(default_factory=set)  # futures set when it goes down
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "ok"
+
+    def fail_inflight(self) -> None:
+        """Ends every request in flight here: each proxy waits on its future as well as on
+        the instance, and answers 502 when the future is done first."""
+        for fut in list(self.inflight):
+            if not fut.done():
+                fut.set_result(None)
+
+    def mark_down(self, why: str) -> None:
+        self.state, self.last_error = "down", why
+        self.fail_inflight()
+        self.load.clear()
+        if self.blocks is not None:
+            self.blocks.clear()
+        self.models = None  # read again when it comes back (it may serve another model)
+
+    def mark_unavailable(self, why: str) -> None:
+        self.state, self.last_error = "unavailable", why
+
+    def mark_ok(self, report: MetricsReport, poll_started: float) -> None:
+        self.state, self.last_error, self.last_ok = "ok", None, time.monotonic()
+        self.report = report
+        self.load.report(report.pending_tokens or 0.0, poll_started)
+        if report.block_size and (self.blocks is None or
+                                  self.blocks.block_size != report.block_size):
+            self.blocks = BlockIndex(report.block_size, report.num_blocks)
+
+    def status(self, group: str | None) -> dict:
+        r = self.report
+        return {"url": self.url, "group": group, "healthy": self.healthy, "state": self.state,
+                "last_error": self.last_error, "load": self.load.load,
+                "reported_pending_tokens": self.load.reported,
+                "sent_since_poll_tokens": self.load.since_poll,
+                "inflight": len(self.inflight), "routed": self.routed,
+                "block_size": r.block_size if r else None,
+                "indexed_blocks": len(self.blocks) if self.blocks is not None else 0,
+                "waiting": r.waiting if r else None, "running": r.running if r else None,
+                "kv_cache_usage": r.kv_usage if r else None}
+
+
+async def poll_once(inst: Instance, session: aiohttp.ClientSession,
+                    headers: dict | None = None, timeout: float = POLL_TIMEOUT_S) -> None:
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            async with session.get(inst.url + "/health") as r:
+                health_status = r.status
+                health = await r.read()
+            if health_status != 200:
+                try:
+                    why = json.loads(health).get("status", "unhealthy")
+                except (ValueError, AttributeError):
+                    why = "unhealthy"
+                inst.mark_unavailable(f"/health answered {health_status} ({why})")
+                return
+            async with session.get(inst.url + "/metrics") as r:
+                r.raise_for_status()
+                report = parse_metrics(await r.text())
+            if inst.models is None:
+                async with session.get(inst.url + "/v1/models", headers=headers) as r:
+                    r.raise_for_status()
+                    models = json.loads(await r.read())
+                lens = [m.get("max_model_len") for m in models.get("data", [])]
+                inst.models = models
+                inst.max_model_len = min((n for n in lens if isinstance(n, int)), default=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
+        inst.mark_down(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        return
+    inst.mark_ok(report, started)
+
+
+async def poll_forever(inst: Instance, session: aiohttp.ClientSession,
+                       headers: dict | None = None, interval: float = POLL_INTERVAL_S,
+                       timeout: float = POLL_TIMEOUT_S) -> None:
+    while True:
+        t = time.monotonic()
+        await poll_once(inst, session, headers, timeout)
+        await asyncio.sleep(max(0.0, interval - (time.monotonic() - t)))

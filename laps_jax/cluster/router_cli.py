@@ -1,0 +1,104 @@
+"""`scripts/router.py`: start-up and shutdown of the network router (http_router.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from aiohttp import web
+
+POLICY_NAMES = {"laps": "length-aware", "length-aware": "length-aware",
+                "round-robin": "round-robin", "least-load": "least-load"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="One OpenAI-compatible endpoint (the API of serve.py: /v1/completions, "
+                    "/v1/chat/completions with streaming, /v1/models, /health, /metrics) in "
+                    "front of several serve.py instances, plus GET /router/status (each "
+                    "instance's group, health and load as JSON). Instances are polled every "
+                    "0.5 s; one that stops answering leaves the rotation within 2 s, its "
+                    "requests in flight end with 502 (streams: an error event), and it rejoins "
+                    "when healthy again.",
+        epilog="example: python scripts/router.py --instance http://127.0.0.1:8001 "
+               "--instance http://127.0.0.1:8002 --tokenizer /path/to/model --port 8100")
+    ap.add_argument("--instance", action="append", required=True, metavar="URL",
+                    help="a serve.py instance's base URL (repeat for each instance)")
+    ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps",
+                    help="laps (= length-aware, default): short requests (new tokens after the "
+                         "cached prefix at or under --threshold) to the short group, the rest "
+                         "to the long group, least-loaded inside the group; round-robin; "
+                         "least-load: least pending prefill tokens. All of them send a request "
+                         "to the instance that caches at least half of its prompt")
+    ap.add_argument("--tokenizer", default=None, metavar="DIR",
+                    help="the instances' model (or tokenizer) directory: text prompts and chat "
+                         "messages are tokenized as serve.py does, for prefix affinity and "
+                         "exact new-token counts; without it text length estimates the tokens "
+                         "and requests are routed without prefix affinity")
+    ap.add_argument("--threshold", type=int, default=256,
+                    help="new tokens at or under which a request is short (default 256)")
+    ap.add_argument("--spill-tokens", type=float, default=2048.0,
+                    help="laps: a request goes to the other group when an instance there has "
+                         "this many fewer pending prefill tokens (default 2048; inf: never)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+    ap.add_argument("--instance-api-key", default=None,
+                    help="the key the instances require, sent on requests to them")
+    ap.add_argument("--max-inflight", type=int, default=256,
+                    help="requests in flight per instance through the router; when every "
+                         "instance is at it (or unavailable) the router answers 503 with "
+                         "Retry-After (default 256, serve.py's --max-queue)")
+    ap.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                    help="largest request body in bytes (default 4 MiB); larger get 413")
+    ap.add_argument("--read-timeout", type=float, default=30.0,
+                    help="seconds a client may take to send a request's headers, and again its "
+                         "body (default 30; 0: no limit)")
+    return ap
+
+
+def make_router(args):
+    from laps_jax.cluster.http_router import HTTPRouter
+    from laps_jax.cluster.policy import RouterConfig
+    tokenizer = None
+    if args.tokenizer:
+        from laps_jax.text.tokenizer import Tokenizer
+        tokenizer = Tokenizer(args.tokenizer)
+    return HTTPRouter(args.instance, RouterConfig(policy=POLICY_NAMES[args.policy]),
+                      tokenizer=tokenizer, threshold=args.threshold,
+                      spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
+                      instance_api_key=args.instance_api_key)
+
+
+async def serve(args, log) -> int:
+    from laps_jax.cluster.http_router import create_router_app
+    from laps_jax.server.http_runner import make_runner
+    app = create_router_app(make_router(args), args.api_key, args.max_request_bytes)
+    runner = make_runner(app, args.read_timeout or None, access_log=None,
+                         handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    log(f"routing ({args.policy}) over {len(args.instance)} instances at "
+        f"http://{args.host}:{args.port}/v1")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    log("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    try:
+        return asyncio.run(serve(args, log))
+    except (ValueError, OSError) as e:  # bad tokenizer path, port in use, ...
+        log(f"error: {e}")
+        return 2

@@ -1,0 +1,607 @@
+"""The network router (scripts/router.py, laps_jax/cluster/http_router.py).
+
+Fast tests: its bookkeeping without processes (load, block index hashed as the engine hashes,
+metrics parsing, the policy's eligible mask, picking). Slow tests: two real serve.py processes
+of a tiny checkpoint behind the router in this process, on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from laps_jax.cluster.http_router import Estimate, HTTPRouter, estimate
+from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
+from laps_jax.cluster.upstream import (BlockIndex, LoadBook, cached_prefixes, parse_metrics,
+                                       prompt_hashes)
+from laps_jax.engine.kv_cache import KVCacheManager
+from laps_jax.server.protocol import APIError
+
+# -- fast: bookkeeping ---------------------------------------------------------------------
+
+
+def test_load_book_counts_what_was_sent_since_the_poll_began():
+    b = LoadBook()
+    b.sent(100, now=1.0)
+    b.sent(50, now=2.0)
+    assert b.load == 150 and b.since_poll == 150
+    b.report(120, poll_started=1.5)  # the 100 sent at 1.0 are in the report; the 50 are not
+    assert b.reported == 120 and b.since_poll == 50 and b.load == 170
+    b.sent(7, now=3.0)
+    b.report(0, poll_started=2.5)
+    assert b.load == 7
+    b.report(-3, poll_started=9.0)  # nonsense from an instance counts as nothing
+    assert b.load == 0
+    b.sent(5, 10.0)
+    b.clear()
+    assert b.load == 0 and b.since_poll == 0
+
+
+@pytest.mark.parametrize("page_size", [4, 8, 16])
+def test_block_index_hashes_as_the_engine_prefix_cache(page_size):
+    """The router's estimate of an instance's cached prefix equals what the engine's own
+    prefix cache matches, for prompts that share history at every offset."""
+    rng = random.Random(page_size)
+    kv = KVCacheManager(num_pages=512, page_size=page_size)
+    index = BlockIndex(page_size)
+    history = [rng.randrange(1000) for _ in range(70)]
+    for n in (1, page_size - 1, page_size, page_size + 1, 33, 70):
+        prompt = history[:n]
+        seq = kv.allocate(prompt)
+        kv.commit(seq, prompt)
+        kv.release(seq)
+        index.add(prompt)
+    for n in range(1, 90):
+        probe = history[:n] + [rng.randrange(1000) for _ in range(n % 5)]
+        pages, _ = kv.match_prefix(probe)
+        assert cached_prefixes(probe, [index])[0] == len(pages) * page_size, n
+    other = [rng.randrange(1000, 2000) for _ in range(40)]
+    assert cached_prefixes(other, [index]) == [0]
+
+
+def test_cached_prefixes_per_instance_and_block_size():
+    toks = list(range(100, 164))
+    a, b, c = BlockIndex(8), BlockIndex(8), BlockIndex(16)
+    a.add(toks[:40])
+    b.add(toks[:17])
+    c.add(toks)
+    assert cached_prefixes(toks, [a, b, c, None, BlockIndex(8)]) == [40, 16, 48, 0, 0]
+    assert cached_prefixes(toks[:16], [a, b, c]) == [8, 8, 0]  # the last token is computed
+
+
+def test_block_index_forgets_least_recently_used_first():
+    ix = BlockIndex(4, capacity=6)
+    old, new = list(range(12)), list(range(50, 62))
+    ix.add(old)
+    ix.add(new)  # 3 + 3 blocks: full
+    ix.add(old[:4])  # old's first block is used again
+    ix.add(list(range(90, 94)))  # one more: the least recently used (old's 2nd block) goes
+    hs = prompt_hashes(old, 4)
+    assert len(ix) == 6 and hs[0] in ix and hs[1] not in ix
+    assert cached_prefixes(old + [1], [ix]) == [4]
+
+
+METRICS = """# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting 2.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="8",num_gpu_blocks="1024"} 1.0
+# TYPE laps_pending_prefill_tokens gauge
+laps_pending_prefill_tokens{pool="admission"} 30.0
+laps_pending_prefill_tokens{pool="long"} 300.0
+laps_pending_prefill_tokens{pool="short"} 12.0
+# TYPE laps_kv_pages_used gauge
+laps_kv_pages_used{engine="0"} 5.0
+"""
+
+
+def test_parse_metrics():
+    r = parse_metrics(METRICS)
+    assert (r.pending_tokens, r.block_size, r.num_blocks) == (342.0, 8, 1024)
+    assert (r.waiting, r.running, r.kv_usage, r.pages_used) == (2.0, 1.0, 0.25, 5.0)
+    empty = parse_metrics("# nothing\n")
+    assert empty.pending_tokens is None and empty.block_size is None
+
+
+# -- fast: the policy's eligible mask -----------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-load", "length-aware"])
+def test_all_eligible_decides_as_before(policy):
+    cfg = RouterConfig(policy=policy, threshold=64, rebalance_interval_s=1.0)
+    a = RoutingPolicy(4, cfg, lambda n, c: n <= 64, 100.0)
+    b = RoutingPolicy(4, cfg, lambda n, c: n <= 64, 100.0)
+    rng = random.Random(7)
+    for t in range(300):
+        n = rng.choice([10, 50, 200, 900])
+        cached = [rng.choice([0, 0, 0, n // 2 + 1]) for _ in range(4)]
+        loads = [rng.uniform(0, 500) for _ in range(4)]
+        ca = a.choose(n, cached, loads, t * 0.3)
+        cb = b.choose(n, cached, loads, t * 0.3, eligible=[True] * 4)
+        assert ca == cb
+    assert a.stats == b.stats and a.group == b.group
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "least-load", "length-aware"])
+def test_ineligible_instances_get_nothing(policy):
+    p = RoutingPolicy(4, RouterConfig(policy=policy, threshold=64), lambda n, c: n <= 64, 1.0)
+    eligible = [False, True, False, True]
+    rng = random.Random(3)
+    for t in range(100):
+        n = rng.choice([10, 900])
+        cached = [n if k == 0 else 0 for k in range(4)]  # the dead one holds the prefix
+        c = p.choose(n, cached, [rng.uniform(0, 9) for _ in range(4)], t, eligible)
+        assert c.instance in (1, 3)
+    with pytest.raises(ValueError):
+        p.choose(10, [0] * 4, [0] * 4, 0.0, [False] * 4)
+
+
+# -- fast: picking and reading requests ----------------------------------------------------
+
+
+def _router(n=2, policy="least-load", **kw) -> HTTPRouter:
+    r = HTTPRouter([f"http://127.0.0.1:{9000 + k}" for k in range(n)],
+                   RouterConfig(policy=policy), **kw)
+    for inst in r.instances:
+        inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
+    return r
+
+
+def test_pick_follows_the_cached_history_and_counts_load():
+    r = _router()
+    history = list(range(200, 264))
+    r.instances[1].blocks.add(history)
+    k, new = r.pick(Estimate(history + [5, 6, 7], 67, False), set())
+    assert k == 1 and new == 67 - 64
+    # without history: least load, counted from the reports plus what was sent since
+    r.instances[0].load.report(500, 0.0)
+    r.instances[1].load.report(0, 0.0)
+    r.instances[1].load.sent(600, time.monotonic())
+    assert r.pick(Estimate(None, 10, False), set()) == (0, 10)
+    assert r.pick(Estimate(None, 10, False), {0}) == (1, 10)
+
+
+def test_pick_answers_503_when_no_instance_can_take_it():
+    r = _router(max_inflight=1)
+    r.instances[0].mark_down("test")
+    assert r.pick(Estimate(None, 10, False), set())[0] == 1
+    r.instances[1].inflight.add(object())  # at its limit
+    with pytest.raises(APIError) as e:
+        r.pick(Estimate(None, 10, False), set())
+    assert e.value.status == 503 and e.value.headers == {"Retry-After": "1"}
+    r.instances[1].mark_unavailable("draining")
+    with pytest.raises(APIError) as e:
+        r.pick(Estimate(None, 10, False), set())
+    assert "all 2 instances are unavailable" in e.value.message
+
+
+def test_mark_down_ends_inflight_and_forgets_cache_and_load():
+    async def go():
+        r = _router()
+        inst = r.instances[0]
+        fut = asyncio.get_running_loop().create_future()
+        inst.inflight.add(fut)
+        inst.blocks.add(list(range(40)))
+        inst.load.sent(99, time.monotonic())
+        inst.mark_down("gone")
+        assert fut.done() and len(inst.blocks) == 0 and inst.load.load == 0
+        assert not inst.healthy and r.status()["instances"][0]["state"] == "down"
+    asyncio.run(go())
+
+
+def test_estimate_reads_prompts():
+    assert estimate(b'{"prompt": [1, 2, 3]}', "completion", None, 512).ids == [1, 2, 3]
+    assert estimate(b'{"prompt": [[4, 5]], "stream": true}', "completion", None, 512).stream
+    e = estimate(b'{"prompt": "' + b"x" * 400 + b'"}', "completion", None, 512)
+    assert e.ids is None and e.tokens == 101
+    e = estimate(json.dumps({"messages": [{"role": "user", "content": "y" * 80}]}).encode(),
+                 "chat", None, 512)
+    assert e.ids is None and e.tokens == 21
+    # what the instance refuses, it answers itself (the request goes through unjudged)
+    assert estimate(b'{"prompt": {"a": 1}}', "completion", None, 512).tokens == 0
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b'{"prompt": NaN}'):
+        with pytest.raises(APIError) as e:
+            estimate(raw, "completion", None, 512)
+        assert e.value.status == 400
+
+
+
+def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
+    """scripts/router.py as a process, in front of a port nobody listens on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from laps_jax.workload.http_compare import free_port
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port, dead = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "scripts", "router.py"),
+                             "--instance", f"http://127.0.0.1:{dead}", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                raise AssertionError("healthy with no instance up")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and json.loads(e.read())["healthy_instances"] == 0
+                break
+            except urllib.error.URLError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        status, body, headers = post(url, "/v1/completions", {"prompt": [1, 2]})
+        assert status == 503 and body["error"]["code"] == "unavailable"
+        assert headers["Retry-After"] == "1"
+        with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
+            st = json.loads(r.read())
+        assert st["policy"] == "length-aware" and st["instances"][0]["state"] == "down"
+        assert st["instances"][0]["group"] == "short"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+# -- slow: two real serve.py instances behind the router -----------------------------------
+
+MODEL = "ckpt"
+WORDS = ("apple river stone cloud seven orange quiet laptop mountain signal garden window "
+         "yellow engine pocket silver").split()
+
+
+class RouterThread:
+    """The router app in this process, on its own event-loop thread, on a free port."""
+
+    def __init__(self, urls, policy="round-robin", tokenizer=None, api_key=None, **kw):
+        from laps_jax.cluster.http_router import create_router_app
+        from laps_jax.server.http_runner import make_runner
+        self.router = HTTPRouter(urls, RouterConfig(policy=policy), tokenizer=tokenizer, **kw)
+        self.app = create_router_app(self.router, api_key)
+        self.runner = make_runner(self.app, 30.0, access_log=None, handler_cancellation=True)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self._start())
+
+    def call(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self) -> None:
+        from aiohttp import web
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    def status(self) -> dict:
+        with urllib.request.urlopen(self.url + "/router/status", timeout=10) as r:
+            return json.loads(r.read())
+
+    def wait(self, pred, timeout: float = 30.0, what: str = "") -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            s = self.status()
+            if pred(s):
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"router status never showed {what}: {self.status()}")
+
+    def close(self) -> None:
+        self.call(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def post(url: str, path: str, body=None, raw: bytes | None = None, headers=None,
+         timeout: float = 120):
+    """(status, JSON body, headers)."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def sse(url: str, path: str, body: dict, stop_after: int | None = None, on_line=None):
+    """The `data:` payloads of a stream (JSON decoded, "[DONE]" as is); `stop_after` lines
+    then the client goes away; `on_line(i, payload)` after each."""
+    import aiohttp
+
+    async def go():
+        out = []
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + path, json=body) as r:
+                assert r.status == 200, await r.text()
+                async for line in r.content:
+                    line = line.strip()
+                    if not line.startswith(b"data: "):
+                        continue
+                    data = line[6:]
+                    out.append(data.decode() if data == b"[DONE]" else json.loads(data))
+                    if on_line is not None:
+                        on_line(len(out), out[-1])
+                    if stop_after is not None and len(out) >= stop_after:
+                        break
+        return out
+    return asyncio.run(go())
+
+
+def stream_text(events, kind: str) -> str:
+    if kind == "completion":
+        return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict)
+                       and e.get("choices"))
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                   if isinstance(e, dict) and e.get("choices"))
+
+
+def pages_used(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return parse_metrics(r.read().decode()).pages_used
+
+
+@pytest.fixture(scope="module")
+def cluster(checkpoint):
+    """Two serve.py instances (started together) and the checkpoint they serve."""
+    from server_utils import ServerProcess
+    path = checkpoint("gqa2_untied")
+    procs, errors = [None, None], []
+
+    def start(k):
+        try:
+            procs[k] = ServerProcess(path, "--served-model-name", MODEL)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for p in procs:
+            if p is not None:
+                p.stop()
+        raise errors[0]
+    yield path, procs
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def routed(cluster):
+    from laps_jax.text.tokenizer import Tokenizer
+    path, procs = cluster
+    r = RouterThread([p.url for p in procs], "round-robin", Tokenizer(path))
+    r.wait(lambda s: s["healthy"] == 2, what="both instances healthy")
+    yield r
+    r.close()
+
+
+@pytest.mark.slow
+def test_greedy_output_through_the_router_equals_an_instance(cluster, routed):
+    _, procs = cluster
+    cases = [("/v1/completions", "completion",
+              {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 20}),
+             ("/v1/completions", "completion", {"prompt": [5, 6, 7, 8, 9], "max_tokens": 12}),
+             ("/v1/chat/completions", "chat",
+              {"messages": [{"role": "user", "content": "Grüße 😀 hello"}], "max_tokens": 16})]
+    for path, kind, body in cases:
+        body = dict(body, temperature=0)
+        status, direct, _ = post(procs[0].url, path, body)
+        assert status == 200
+        want = direct["choices"][0]["text" if kind == "completion" else "message"]
+        want = want if kind == "completion" else want["content"]
+        for _ in range(2):  # round-robin: once on each instance
+            status, got, _ = post(routed.url, path, body)
+            assert status == 200, got
+            text = got["choices"][0]["text"] if kind == "completion" else \
+                got["choices"][0]["message"]["content"]
+            assert text == want
+            assert got["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
+            events = sse(routed.url, path, dict(body, stream=True,
+                                                stream_options={"include_usage": True}))
+            assert events[-1] == "[DONE]" and stream_text(events, kind) == want
+            assert events[-2]["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
+    st = routed.status()
+    assert all(i["routed"] >= 6 and i["healthy"] for i in st["instances"])
+    with urllib.request.urlopen(routed.url + "/v1/models", timeout=10) as r:
+        assert [m["id"] for m in json.loads(r.read())["data"]] == [MODEL]
+    with urllib.request.urlopen(routed.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'laps_router_instance_healthy{instance="%s"} 1.0' % procs[0].url in text
+
+
+@pytest.mark.slow
+def test_a_follow_up_turn_lands_where_its_history_is(routed):
+    rng = random.Random(11)
+    convs = [[{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(60))}]
+             for _ in range(3)]
+
+    def where(before, after):
+        moved = [k for k in range(2) if after["instances"][k]["routed"] >
+                 before["instances"][k]["routed"]]
+        assert len(moved) == 1
+        return moved[0]
+
+    first = []
+    for msgs in convs:  # round-robin spreads them: 0, 1, 0 (or 1, 0, 1)
+        before = routed.status()
+        _, r, _ = post(routed.url, "/v1/chat/completions",
+                       {"messages": msgs, "max_tokens": 6, "temperature": 0})
+        msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+        msgs.append({"role": "user", "content": "and then?"})
+        first.append((where(before, routed.status()), r["usage"]["prompt_tokens"]))
+    assert {k for k, _ in first} == {0, 1}
+    for msgs, (k, prompt1) in zip(reversed(convs), reversed(first)):
+        before = routed.status()
+        _, r, _ = post(routed.url, "/v1/chat/completions",
+                       {"messages": msgs, "max_tokens": 4, "temperature": 0})
+        assert where(before, routed.status()) == k
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt1 // 8 * 8
+    assert routed.status()["by_affinity"] >= 3
+
+
+@pytest.mark.slow
+def test_laps_sends_short_and_long_work_to_their_groups(cluster):
+    _, procs = cluster
+    r = RouterThread([p.url for p in procs], "length-aware", threshold=32)
+    try:
+        st = r.wait(lambda s: s["healthy"] == 2, what="both healthy")
+        assert [i["group"] for i in st["instances"]] == ["short", "long"]
+        rng = random.Random(5)
+        for n, k in ((10, 0), (100, 1), (20, 0), (200, 1)):  # (no shared prefixes)
+            before = r.status()["instances"][k]["routed"]
+            status, body, _ = post(r.url, "/v1/completions", {
+                "prompt": [rng.randrange(3, 1000) for _ in range(n)], "max_tokens": 2})
+            assert status == 200, body
+            assert r.status()["instances"][k]["routed"] == before + 1
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
+def test_aborted_requests_free_the_instance_pages(cluster, routed):
+    _, procs = cluster
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    for _ in range(2):  # one on each instance
+        events = sse(routed.url, "/v1/completions", body, stop_after=3)
+        assert len(events) == 3
+    import socket  # a non-streaming request whose client leaves before the answer
+    with socket.create_connection(("127.0.0.1", int(routed.url.rsplit(":", 1)[1]))) as s:
+        raw = json.dumps(dict(body, stream=False)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+        routed.wait(lambda st: sum(i["inflight"] for i in st["instances"]) == 1, 10,
+                    "the request in flight")
+    deadline = time.time() + 20
+    while time.time() < deadline and any(pages_used(p.url) for p in procs):
+        time.sleep(0.2)
+    assert [pages_used(p.url) for p in procs] == [0, 0]
+    routed.wait(lambda st: sum(i["inflight"] for i in st["instances"]) == 0, 5, "nothing in flight")
+
+
+HOSTILE = [
+    ("/v1/completions", b"{not json"),
+    ("/v1/completions", b"[1, 2]"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1e999}'),
+    ("/v1/completions", b"\xff\xfe\x00"),
+    ("/v1/completions", b'{"prompt": 5}'),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": "x"}'),
+    ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}'),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": 9}'),
+    ("/v1/completions", b'{"prompt": [1, -4]}'),
+    ("/v1/completions", b'{"model": "nope", "prompt": "hi"}'),
+    ("/v1/chat/completions", b'{"messages": "x"}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 3}]}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}'),
+]
+
+
+@pytest.mark.slow
+def test_hostile_requests_get_the_json_errors_serve_py_gives(cluster, routed):
+    _, procs = cluster
+    for path, raw in HOSTILE:
+        direct = post(procs[0].url, path, raw=raw)
+        got = post(routed.url, path, raw=raw)
+        assert 400 <= got[0] < 500 and (got[0], got[1]) == (direct[0], direct[1]), raw
+    status, body, _ = post(routed.url, "/v1/completions", raw=b'{"prompt": "' + b"a" * (5 << 20)
+                           + b'"}')
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(routed.url + "/v1/nothing", timeout=10)
+    assert e.value.code == 404 and "error" in json.loads(e.value.read())
+    keyed = RouterThread([p.url for p in procs], api_key="sesame")
+    try:
+        keyed.wait(lambda s: s["healthy"] == 2)
+        status, body, _ = post(keyed.url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        status, body, _ = post(keyed.url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1},
+                               headers={"Authorization": "Bearer sesame"})
+        assert status == 200, body
+    finally:
+        keyed.close()
+
+
+@pytest.mark.slow
+def test_a_hung_instance_leaves_within_2_s_and_its_requests_get_502(cluster, routed):
+    import signal
+    _, procs = cluster
+    victim = procs[1]
+    result = {}
+
+    def slow_request():
+        result["r"] = post(routed.url, "/v1/completions",
+                           {"prompt": [7] * 20, "max_tokens": 400, "temperature": 0})
+        result["t"] = time.time()
+
+    # round-robin: send until one is in flight on the victim
+    t = None
+    for _ in range(2):
+        t = threading.Thread(target=slow_request)
+        t.start()
+        st = routed.wait(lambda s: sum(i["inflight"] for i in s["instances"]) == 1, 10)
+        if st["instances"][1]["inflight"]:
+            break
+        t.join(120)
+    victim.proc.send_signal(signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        t.join(10)
+        assert not t.is_alive()
+        status, body, _ = result["r"]
+        assert status == 502 and body["error"]["code"] == "upstream_failed", body
+        assert result["t"] - stopped < 2.0
+        st = routed.status()
+        assert st["instances"][1]["state"] == "down" and st["healthy"] == 1
+        for _ in range(3):  # new requests go to the other
+            assert post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})[0] \
+                == 200
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    routed.wait(lambda s: s["instances"][1]["healthy"], 10, "the instance back")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(cluster, routed):
+    from server_utils import ServerProcess
+    path, procs = cluster
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    killed = {}
+
+    def kill_serving_instance(i, _payload):
+        if i == 2:
+            st = routed.status()
+            k = next(k for k, inst in enumerate(st["instances"]) if inst["inflight"])
+            procs[k].proc.kill()
+            killed.update(k=k, t=time.time())
+
+    events = sse(routed.url, "/v1/completions", body, on_line=kill_serving_instance)
+    ended = time.time()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_failed"
+    assert ended - killed["t"] < 2.0
+    k = killed["k"]
+    routed.wait(lambda s: not s["instances"][k]["healthy"], 2, "the dead instance out")
+    for _ in range(4):
+        status, r, _ = post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})
+        assert status == 200, r
+    assert routed.status()["instances"][k]["state"] == "down"
+    procs[k].stop()
+    procs[k] = ServerProcess(path, "--served-model-name", MODEL, port=procs[k].port)
+    routed.wait(lambda s: s["instances"][k]["healthy"], 10, "the restarted instance back")
+    before = routed.status()["instances"][k]["routed"]
+    for _ in range(2):
+        assert post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})[0] == 200
+    assert routed.status()["instances"][k]["routed"] == before + 1
