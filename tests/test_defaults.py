@@ -144,7 +144,7 @@ def test_startup_matrix(max_len, chunk):
     assert eng.grid.max_chunk == (chunk or min(2048, max_len))
     shapes = list(eng.runner.executables._compiled)
     assert shapes and all(b.tokens <= max_len for b in shapes)
-    assert len(shapes) == len(set(eng.runner.all_buckets()))
+    assert len(shapes) == len(set(eng.executables.all_buckets()))
 
 
 @pytest.mark.parametrize("flags,message", [
