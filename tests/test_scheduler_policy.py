@@ -11,8 +11,8 @@ from laps_jax.engine.sequence import SamplingParams, Sequence
 from laps_jax.scheduler import Dispatcher, SchedulerConfig, WindowConfig
 from laps_jax.scheduler.clock import ManualClock, SimClock, run_simulated
 from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
-from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
-                                      pack)
+from laps_jax.engine.packing import pack
+from laps_jax.scheduler.pools import FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil
 from laps_jax.scheduler.request import LONG, SHORT, Request, RequestStats
 from laps_jax.scheduler.window import WaitingWindow
 from laps_jax.sim.engine import SimEngine, SimExecutor

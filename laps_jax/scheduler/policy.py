@@ -23,9 +23,10 @@ import functools
 from typing import Callable
 
 from laps_jax.engine.buckets import Bucket, BucketGrid
+from laps_jax.engine.packing import fits
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
 from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
-                                      Work, fits)
+                                      Work)
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow, WindowConfig
 

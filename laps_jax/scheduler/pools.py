@@ -17,7 +17,7 @@ import dataclasses
 from typing import Callable
 
 from laps_jax.engine.buckets import Bucket, BucketGrid
-from laps_jax.engine.packing import fits, pack  # noqa: F401 (policy.py, tests)
+from laps_jax.engine.packing import fits, pack
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow
 
