@@ -123,11 +123,37 @@ MATRIX = {(m, c): None for m in (256, 1000, 1024, 2048, 4096) for c in (None, 51
 MATRIX[256, 512] = "--max-chunk 512 is longer than --max-model-len, 256 tokens"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("max_len,chunk", sorted(MATRIX, key=lambda k: (k[0], k[1] or 0)))
 def test_startup_matrix(max_len, chunk):
-    """Each combination starts (every bucket compiled and run once, none longer than the
-    context) or is refused before anything is built."""
+    """Each combination builds an engine whose grid fits its context (no bucket longer than
+    it, the chunk as asked) or is refused before anything is built. Compiling is checked on
+    a few of them below: building the grid is what the settings decide."""
+    eng = _matrix_engine(max_len, chunk, warmup=False)
+    if eng is None:
+        return
+    assert eng.ecfg.max_model_len == max_len
+    assert eng.grid.max_chunk == (chunk or min(2048, max_len))
+    buckets = set(eng.executables.all_buckets())
+    assert buckets and all(b.tokens <= max_len for b in buckets)
+    assert max(b.tokens for b in buckets) >= min(eng.grid.max_chunk, max_len)
+
+
+# one of each kind: a context that is not a power of two with a short chunk, the default
+# context, a context that is its own chunk (every cell compiles its whole grid: ~30 s each)
+@pytest.mark.slow
+@pytest.mark.parametrize("max_len,chunk", [(1000, 512), (4096, None), (256, None)])
+def test_startup_matrix_compiles_every_bucket(max_len, chunk):
+    """A start compiles every bucket of its grid (and runs it once), none longer than the
+    context."""
+    eng = _matrix_engine(max_len, chunk, warmup=True)
+    shapes = list(eng.runner.executables._compiled)
+    assert shapes and all(b.tokens <= max_len for b in shapes)
+    assert len(shapes) == len(set(eng.executables.all_buckets()))
+
+
+def _matrix_engine(max_len, chunk, warmup: bool):
+    """The engine serve.py --model tiny would build with these flags; None when refused (the
+    refusal checked: one line, before anything is built)."""
     from laps_jax.cli import build_engine
     from laps_jax.engine.settings import SettingsError
     flags = ["--max-model-len", str(max_len)] + (["--max-chunk", str(chunk)] if chunk else [])
@@ -137,14 +163,8 @@ def test_startup_matrix(max_len, chunk):
         with pytest.raises(SettingsError) as e:
             build_engine(args, log=lambda m: None)
         assert refusal in str(e.value) and "\n" not in str(e.value)
-        return
-    built = build_engine(args, log=lambda m: None)
-    eng = built.engine
-    assert eng.ecfg.max_model_len == max_len
-    assert eng.grid.max_chunk == (chunk or min(2048, max_len))
-    shapes = list(eng.runner.executables._compiled)
-    assert shapes and all(b.tokens <= max_len for b in shapes)
-    assert len(shapes) == len(set(eng.executables.all_buckets()))
+        return None
+    return build_engine(args, log=lambda m: None, warmup=warmup).engine
 
 
 @pytest.mark.parametrize("flags,message", [
