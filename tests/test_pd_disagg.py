@@ -37,7 +37,7 @@ def trio(checkpoint):
 
     def start(name):
         try:
-            procs[name] = ServerProcess(path, *common, *roles[name])
+            procs[name] = ServerProcess(path, *common, *roles[name], timeout=900)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
