@@ -115,6 +115,9 @@ def test_greedy_output_equals_one_instance(trio, split):
     _, want, _ = post(procs["both"].url, "/v1/chat/completions", body)
     status, got, _ = post(split.url, "/v1/chat/completions", body)
     assert status == 200 and _text(got, "chat") == _text(want, "chat")
+    deadline = time.time() + 5  # the router releases the offers as each decode leg ends
+    while split.router.split.released < 7 and time.time() < deadline:
+        time.sleep(0.05)
     assert split.router.split.released >= 7
     _pages_back_to_zero(procs["prefill"], procs["decode"])
 
@@ -145,7 +148,12 @@ class DyingDecode:
             return web.json_response({"status": "ok"})
 
         app.router.add_post("/v1/completions", die)
+        async def models(request):
+            return web.json_response({"object": "list", "data": [
+                {"id": MODEL, "object": "model", "max_model_len": 512}]})
+
         app.router.add_get("/health", ok)
+        app.router.add_get("/v1/models", models)
         app.router.add_get("/metrics", lambda r: web.Response(text=""))
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(app)
