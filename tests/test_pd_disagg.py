@@ -154,7 +154,10 @@ class DyingDecode:
 
         app.router.add_get("/health", ok)
         app.router.add_get("/v1/models", models)
-        app.router.add_get("/metrics", lambda r: web.Response(text=""))
+        async def metrics(request):
+            return web.Response(text="")
+
+        app.router.add_get("/metrics", metrics)
         self.loop = asyncio.new_event_loop()
         self.runner = web.AppRunner(app)
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
