@@ -86,6 +86,8 @@ def estimate(raw: bytes, kind: str, tokenizer, max_model_len: int) -> Estimate:
 
 
 class HTTPRouter:
+    split = None  # cluster/pd_router.py's PDSplit: requests go prefill -> decode
+
     def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
                  tokenizer=None, threshold: int = 256, spill_tokens: float = 2048.0,
                  max_inflight: int = 256, instance_api_key: str | None = None):
@@ -161,6 +163,8 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     est = await asyncio.get_running_loop().run_in_executor(
         state.parse_pool, functools.partial(estimate, raw, kind, router.tokenizer,
                                             router.max_model_len))
+    if router.split is not None:
+        return await router.split.generate(request, kind, raw, est)
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     tried: set[int] = set()
     while True:

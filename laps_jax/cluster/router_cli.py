@@ -24,8 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "when healthy again.",
         epilog="example: python scripts/router.py --instance http://127.0.0.1:8001 "
                "--instance http://127.0.0.1:8002 --tokenizer /path/to/model --port 8100")
-    ap.add_argument("--instance", action="append", required=True, metavar="URL",
+    ap.add_argument("--instance", action="append", default=[], metavar="URL",
                     help="a serve.py instance's base URL (repeat for each instance)")
+    ap.add_argument("--prefill", action="append", default=[], metavar="URL",
+                    help="a serve.py --role prefill instance (repeat); with --decode, instead "
+                         "of --instance: each request is prefilled on one and decoded on "
+                         "the other, its K/V pulled across (cluster/pd_router.py)")
+    ap.add_argument("--decode", action="append", default=[], metavar="URL",
+                    help="a serve.py --role decode instance (repeat)")
     ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps",
                     help="laps (= length-aware, default): short requests (new tokens after the "
                          "cached prefix at or under --threshold) to the short group, the rest "
@@ -68,10 +74,17 @@ def make_router(args):
     if args.tokenizer:
         from laps_jax.text.tokenizer import Tokenizer
         tokenizer = Tokenizer(args.tokenizer)
-    return HTTPRouter(args.instance, RouterConfig(policy=POLICY_NAMES[args.policy]),
-                      tokenizer=tokenizer, threshold=args.threshold,
-                      spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
-                      instance_api_key=args.instance_api_key)
+    if bool(args.prefill) != bool(args.decode) or bool(args.instance) == bool(args.prefill):
+        raise ValueError("give --instance URL..., or --prefill URL... with --decode URL...")
+    router = HTTPRouter(args.instance or args.prefill + args.decode,
+                        RouterConfig(policy=POLICY_NAMES[args.policy]),
+                        tokenizer=tokenizer, threshold=args.threshold,
+                        spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
+                        instance_api_key=args.instance_api_key)
+    if args.prefill:
+        from laps_jax.cluster.pd_router import PDSplit
+        router.split = PDSplit(router, len(args.prefill))
+    return router
 
 
 async def serve(args, log) -> int:
@@ -82,7 +95,8 @@ async def serve(args, log) -> int:
                          handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    log(f"routing ({args.policy}) over {len(args.instance)} instances at "
+    log(f"routing ({'prefill/decode' if args.prefill else args.policy}) over "
+        f"{len(args.instance or args.prefill + args.decode)} instances at "
         f"http://{args.host}:{args.port}/v1")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

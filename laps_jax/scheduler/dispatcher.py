@@ -114,7 +114,7 @@ class Dispatcher:
     # -- requests -------------------------------------------------------------------------
     def submit(self, prompt: Seq[int], params: SamplingParams | None = None,
                arrival_time: float | None = None, slo: float | None = None,
-               request_id: str | None = None) -> RequestHandle:
+               request_id: str | None = None, offer_kv: bool = False) -> RequestHandle:
         if not self._accepting:
             raise RuntimeError("the dispatcher is not running (start() it, or it is stopping)")
         params = params or SamplingParams()
@@ -128,6 +128,7 @@ class Dispatcher:
         r = Request(Sequence(prompt, params), stats,
                     deadline=arrival + slo if slo is not None else float("inf"))
         r.handle = RequestHandle(r, self.abort)
+        r.pd_offer = offer_kv  # a prefill instance's request: hand its K/V over (pd.py)
         self.live[stats.request_id] = r
         self.counts["submitted"] += 1
         self._route(r).submit(r)

@@ -124,6 +124,8 @@ class EngineExecutor:
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, functools.partial(fn, *args))
 
+    call = _call  # any engine call, on the worker thread (the prefill/decode split's, pd.py)
+
     def check(self, prompt: Seq[int], max_tokens: int) -> None:
         self.engine.check_prompt(prompt, max_tokens)
         if self.admission.never_fits(len(prompt), max_tokens):

@@ -87,6 +87,8 @@ class Request:
     error: str | None = None     # why it failed (finish_reason "error"), for its client
     lane: "Lane | None" = None
     handle: "RequestHandle | None" = None
+    pd_offer: bool = False       # prefill/decode split: offer the K/V after prefill (pd.py)
+    handoff: dict | None = None  # ... and the offer's descriptor, once made
 
     @property
     def remaining(self) -> int:

@@ -31,6 +31,7 @@ from laps_jax.server.protocol import APIError, GenerationRequest, parse_request
 
 log = logging.getLogger("laps_jax.server")
 DISCONNECT_POLL_S = 0.25
+PD_HEADER = "X-Laps-PD"  # "prefill" or "decode": a leg of a prefill/decode split (pd.py)
 PARSE_THREADS = 4  # requests decoded and tokenized at once, off the event loop
 
 
@@ -50,6 +51,7 @@ class ServerState:
     read_timeout_s: float | None = 30.0  # longest wait for a request body (None: no limit)
     stall_after_s: float = 60.0  # /health turns 503 after a lane is stuck this long
     parse_pool: concurrent.futures.ThreadPoolExecutor | None = None
+    pd: object | None = None  # server/pd.py's PDServer on a prefill or decode instance
 
 
 STATE = web.AppKey("state", ServerState)
@@ -65,7 +67,7 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith("/v1/") and not _authorized(
+        if state.api_key and request.path.startswith(("/v1/", "/pd/")) and not _authorized(
                 request.headers.get("Authorization", ""), state.api_key):
             raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                            status=401, code="invalid_api_key")
@@ -140,15 +142,20 @@ def _parse(raw: bytes, kind: str, state: ServerState) -> GenerationRequest:
                          served_names=state.served_names)
 
 
-def _submit(state: ServerState, req: GenerationRequest):
+def check_room(state: ServerState) -> None:
+    """503 while draining or at the request limit."""
     if state.draining:
         raise APIError("the server is shutting down", 503, "unavailable",
                        headers={"Retry-After": "5"})
     if state.live >= state.max_queue:
         raise APIError(f"the server is at its request limit ({state.max_queue}); retry shortly",
                        503, "overloaded", headers={"Retry-After": "1"})
+
+
+def submit(state: ServerState, req: GenerationRequest, **kw):
+    check_room(state)
     try:
-        return state.dispatcher.submit(req.prompt_ids, req.params)
+        return state.dispatcher.submit(req.prompt_ids, req.params, **kw)
     except ValueError as e:
         raise APIError(str(e), code="context_length_exceeded") from None
 
@@ -185,7 +192,15 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     raw = await _read_body(request, state.read_timeout_s)
     req = await asyncio.get_running_loop().run_in_executor(
         state.parse_pool, functools.partial(_parse, raw, kind, state))
-    handle = _submit(state, req)
+    if PD_HEADER in request.headers:  # one half of a prefill/decode split (server/pd.py)
+        from laps_jax.server.pd import pd_generate
+        return await pd_generate(request, state, req)
+    return await respond(request, state, req, submit(state, req))
+
+
+async def respond(request: web.Request, state: ServerState, req: GenerationRequest,
+                  handle) -> web.StreamResponse:
+    """The OpenAI answer (JSON or a stream) of a submitted request."""
     state.live += 1
     try:
         if req.stream:
@@ -329,4 +344,6 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    if state.pd is not None:
+        app.router.add_post("/pd/release", state.pd.release_route)
     return app

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "and the model scaled to this machine's speed now")
     s.add_argument("--no-rescale-profile", action="store_true",
                    help="use --latency-profile's rates as they are")
+    from laps_jax.scheduler import pd as pd_flags
+    pd_flags.add_args(ap.add_argument_group("prefill/decode disaggregation"))
     add_engine_args(ap)
     return ap
 
@@ -88,6 +90,16 @@ async def serve(args, log) -> int:
     name = args.served_model_name or built.model_name
     state = ServerState(dispatcher, engines, built.tokenizer, built.engine.cfg.vocab_size,
                         built.engine.ecfg.max_model_len, (name,), args.api_key, args.max_queue)
+    if args.role != "both":
+        from laps_jax.scheduler.pd import from_args as pd_config
+        from laps_jax.server.pd import PDServer
+        if args.mode == "laps-spatial":
+            raise ValueError("--role prefill/decode runs one device group: not with "
+                             "--mode laps-spatial")
+        log("compiling and running the KV hand-off copies")
+        await dispatcher.lanes[0].executor.warmup_transfer()
+        state.pd = PDServer(pd_config(args), dispatcher)
+        log(f"role {args.role}: KV transfer server at {state.pd.remote.address}")
     app = create_app(state, args.max_request_bytes)
     runner = make_runner(app, args.read_timeout or None, access_log=None,
                          handler_cancellation=True)

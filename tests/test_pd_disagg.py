@@ -1,0 +1,245 @@
+"""Prefill/decode disaggregation across processes (serve.py --role, router --prefill/--decode).
+
+One module-scoped trio of real serve.py processes of a tiny checkpoint: a `--role prefill`, a
+`--role decode` and a plain `both` (the reference), with a short `--pd-timeout`; the router
+runs in this process. Faults are made without killing the shared pair: a decode instance that
+dies mid-transfer is a stub that drops the connection, a prefill instance that dies is a
+transfer server in a subprocess that exits, and pulls that never come are legs sent by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from test_router import RouterThread, post, sse, stream_text
+
+MODEL = "tiny-pd"
+TIMEOUT_S = 3.0
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trio(checkpoint):
+    from server_utils import ServerProcess
+    path = checkpoint("gqa2_untied")
+    common = ("--served-model-name", MODEL, "--threshold", "32")
+    roles = {"prefill": ("--role", "prefill", "--pd-timeout", str(TIMEOUT_S)),
+             "decode": ("--role", "decode", "--pd-timeout", str(TIMEOUT_S)), "both": ()}
+    procs, errors = {}, []
+
+    def start(name):
+        try:
+            procs[name] = ServerProcess(path, *common, *roles[name], timeout=900)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in roles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for p in procs.values():
+            p.stop()
+        raise errors[0]
+    yield path, procs
+    for p in procs.values():
+        p.stop()
+
+
+def _router(urls, path, num_prefill=1) -> RouterThread:
+    from laps_jax.cluster.pd_router import PDSplit
+    from laps_jax.text.tokenizer import Tokenizer
+    r = RouterThread(urls, "least-load", Tokenizer(path))
+    r.router.split = PDSplit(r.router, num_prefill)
+    r.wait(lambda s: s["healthy"] >= num_prefill, what="the prefill instance healthy")
+    return r
+
+
+@pytest.fixture(scope="module")
+def split(trio):
+    path, procs = trio
+    r = _router([procs["prefill"].url, procs["decode"].url], path)
+    r.wait(lambda s: s["healthy"] == 2, what="both instances healthy")
+    yield r
+    r.close()
+
+
+def _pages_back_to_zero(*procs, within: float = 10.0) -> None:
+    deadline = time.time() + within
+    while time.time() < deadline:
+        if all(p.metric("laps_kv_pages_used") == 0 for p in procs):
+            return
+        time.sleep(0.2)
+    raise AssertionError({p.url: p.metric("laps_kv_pages_used") for p in procs})
+
+
+def _text(body, kind):
+    c = body["choices"][0]
+    return c["text"] if kind == "completion" else c["message"]["content"]
+
+
+def test_greedy_output_equals_one_instance(trio, split):
+    _, procs = trio
+    long_prompt = [(i * 37) % 500 + 3 for i in range(300)]  # 38 pages of 8, the long pool
+    cases = [("/v1/completions", "completion", {"prompt": "The quick brown fox", "max_tokens": 12}),
+             ("/v1/completions", "completion", {"prompt": long_prompt, "max_tokens": 10}),
+             ("/v1/chat/completions", "chat",
+              {"messages": [{"role": "user", "content": "Grüße 😀 hello"}], "max_tokens": 10})]
+    for path, kind, body in cases:
+        body = dict(body, model=MODEL, temperature=0, return_token_ids=True)
+        status, want, _ = post(procs["both"].url, path, body)
+        assert status == 200, want
+        status, got, _ = post(split.url, path, body)
+        assert status == 200, got
+        assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+        assert _text(got, kind) == _text(want, kind)
+        assert got["usage"]["completion_tokens"] == want["usage"]["completion_tokens"]
+        events = sse(split.url, path, dict(body, stream=True))
+        assert events[-1] == "[DONE]" and stream_text(events, kind) == _text(want, kind)
+    # a follow-up turn: decoded where its history is, found in the decode side's prefix cache
+    turn1 = cases[2][2]["messages"]
+    _, first, _ = post(procs["both"].url, "/v1/chat/completions",
+                       dict(cases[2][2], model=MODEL, temperature=0))
+    msgs = turn1 + [{"role": "assistant", "content": _text(first, "chat")},
+                    {"role": "user", "content": "And once more, in other words please?"}]
+    body = {"model": MODEL, "messages": msgs, "max_tokens": 10, "temperature": 0}
+    _, want, _ = post(procs["both"].url, "/v1/chat/completions", body)
+    status, got, _ = post(split.url, "/v1/chat/completions", body)
+    assert status == 200 and _text(got, "chat") == _text(want, "chat")
+    deadline = time.time() + 5  # the router releases the offers as each decode leg ends
+    while split.router.split.released < 7 and time.time() < deadline:
+        time.sleep(0.05)
+    assert split.router.split.released >= 7
+    _pages_back_to_zero(procs["prefill"], procs["decode"])
+
+
+def test_max_tokens_one_ends_on_the_prefill_side(trio, split):
+    _, procs = trio
+    body = {"model": MODEL, "prompt": "Once upon", "max_tokens": 1, "temperature": 0}
+    _, want, _ = post(procs["both"].url, "/v1/completions", body)
+    status, got, _ = post(split.url, "/v1/completions", body)
+    assert status == 200 and got["choices"][0]["text"] == want["choices"][0]["text"]
+    assert got["choices"][0]["finish_reason"] == "length"
+
+
+class DyingDecode:
+    """A stand-in decode instance: healthy to the router's polls, but it drops the
+    connection of every request it is sent (a process that dies mid-transfer)."""
+
+    def __init__(self):
+        from aiohttp import web
+        app = web.Application()
+
+        async def die(request):
+            await request.read()
+            request.transport.abort()
+            await asyncio.sleep(1)
+
+        async def ok(request):
+            return web.json_response({"status": "ok"})
+
+        app.router.add_post("/v1/completions", die)
+        async def models(request):
+            return web.json_response({"object": "list", "data": [
+                {"id": MODEL, "object": "model", "max_model_len": 512}]})
+
+        app.router.add_get("/health", ok)
+        app.router.add_get("/v1/models", models)
+        async def metrics(request):
+            return web.Response(text="")
+
+        app.router.add_get("/metrics", metrics)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def start():
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            return self.runner.addresses[0][1]
+        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_decode_dies_mid_transfer_client_gets_json_and_prefill_frees(trio):
+    path, procs = trio
+    stub = DyingDecode()
+    r = _router([procs["prefill"].url, stub.url], path)
+    try:
+        r.wait(lambda s: s["healthy"] == 2, what="both healthy")
+        status, body, _ = post(r.url, "/v1/completions",
+                               {"prompt": list(range(5, 90)), "max_tokens": 8})
+        assert status == 502 and body["error"]["code"] == "upstream_failed", body
+        _pages_back_to_zero(procs["prefill"], within=5.0)  # released by the router at once
+    finally:
+        r.close()
+        stub.close()
+
+
+def _handoff_header(offer: dict) -> dict:
+    return {"X-Laps-PD": "decode", "X-Laps-PD-Handoff": json.dumps(
+        {"handoff": offer, "first": {"token_id": 7, "logprob": -1.0, "top": []},
+         "finish_reason": None})}
+
+
+def test_prefill_dies_decode_frees_what_it_reserved(trio):
+    _, procs = trio
+    # a "prefill instance": a transfer server that is up when the pull starts, then exits
+    code = ("import jax, time; from jax.experimental import transfer as t; "
+            "s = t.start_transfer_server(jax.devices()[0].client, '127.0.0.1:0', "
+            "['127.0.0.1:0']); print(s.address(), flush=True); time.sleep(1.5)")
+    peer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        address = peer.stdout.readline().strip()
+        prompt = list(range(20, 60))  # 40 tokens: 5 pages of 8
+        _, hand, _ = post(procs["prefill"].url, "/v1/completions",  # a real descriptor's shape
+                          {"prompt": prompt, "max_tokens": 4}, headers={"X-Laps-PD": "prefill"})
+        offer = dict(hand["handoff"], address=address)
+        t0 = time.time()
+        status, body, _ = post(procs["decode"].url, "/v1/completions",
+                               {"prompt": prompt, "max_tokens": 4},
+                               headers=_handoff_header(offer))
+        assert status == 502 and body["error"]["code"] == "kv_transfer_failed", body
+        assert time.time() - t0 < TIMEOUT_S + 5
+    finally:
+        peer.kill()
+        peer.wait()
+    _pages_back_to_zero(procs["decode"], procs["prefill"], within=TIMEOUT_S + 5)
+
+
+def test_pulls_that_never_come_time_out_and_free(trio):
+    _, procs = trio
+    # the prefill leg alone: an offer nobody pulls is freed after --pd-timeout
+    status, hand, _ = post(procs["prefill"].url, "/v1/completions",
+                           {"prompt": list(range(100, 180)), "max_tokens": 6},
+                           headers={"X-Laps-PD": "prefill"})
+    assert status == 200 and hand["handoff"]["num_pages"] == 10, hand
+    assert procs["prefill"].metric("laps_kv_pages_used") >= 10
+    # the decode leg alone, for a uuid nobody offered: its pull times out, its pages freed
+    offer = dict(hand["handoff"], uuid=hand["handoff"]["uuid"] ^ 1)
+    t0 = time.time()
+    status, body, _ = post(procs["decode"].url, "/v1/completions",
+                           {"prompt": list(range(100, 180)), "max_tokens": 6},
+                           headers=_handoff_header(offer))
+    assert status == 502 and "timed out" in body["error"]["message"], body
+    assert TIMEOUT_S - 0.5 < time.time() - t0 < TIMEOUT_S + 5
+    _pages_back_to_zero(procs["prefill"], procs["decode"], within=TIMEOUT_S + 5)
+    # a leg the instance's role does not take is a 400
+    status, body, _ = post(procs["both"].url, "/v1/completions", {"prompt": "x"},
+                           headers={"X-Laps-PD": "prefill"})
+    assert status == 400 and "--role" in body["error"]["message"]
