@@ -127,6 +127,18 @@ class HTTPRouter:
         if self.session is not None:
             await self.session.close()
 
+    def replace_instance(self, k: int, url: str) -> None:
+        """Instance `k` answers at `url` from now on (a restarted instance at a new address:
+        `ray_cluster.Follower`). The old address leaves as a dead instance does (its requests
+        in flight end with 502, what was known of its cache is dropped); slot `k` keeps its
+        place in the policy (its group); the new address joins when its polls say healthy."""
+        self.instances[k].mark_down(f"replaced by {url}")
+        self.instances[k] = Instance(url.rstrip("/"))
+        if self._pollers:  # started: poll the new address instead of the old
+            self._pollers[k].cancel()
+            self._pollers[k] = asyncio.create_task(
+                poll_forever(self.instances[k], self.session, self.upstream_headers))
+
     def group(self, k: int) -> str | None:
         return self.policy.group[k] if self.config.policy == "length-aware" else None
 

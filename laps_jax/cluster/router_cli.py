@@ -87,10 +87,14 @@ def make_router(args):
     return router
 
 
-async def serve(args, log) -> int:
+async def serve(args, log, on_app=None) -> int:
+    """Serves until SIGTERM or SIGINT. `on_app(app)`, if given, may add routes and start-up
+    hooks first (serve_cluster.py: the follower of Ray's instances, /cluster/status)."""
     from laps_jax.cluster.http_router import create_router_app
     from laps_jax.server.http_runner import make_runner
     app = create_router_app(make_router(args), args.api_key, args.max_request_bytes)
+    if on_app is not None:
+        on_app(app)
     runner = make_runner(app, args.read_timeout or None, access_log=None,
                          handler_cancellation=True)
     await runner.setup()

@@ -1,0 +1,118 @@
+"""`scripts/serve_cluster.py`: serve.py instances on a Ray cluster behind the router.
+
+    python scripts/serve_cluster.py [launcher flags] [router flags] -- [serve.py flags]
+
+The launcher's own flags are below; every other flag before `--` is the router's
+(`scripts/router.py --help`, all but --instance, which the launcher fills in); the flags after
+`--` go to every serve.py (all but --host and --port, which each instance's actor sets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from laps_jax.cluster import router_cli
+from laps_jax.cluster.ray_cluster import ClusterSpec
+
+SET_BY_LAUNCHER = ("--host", "--port", "--role")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="Places serve.py instances on a Ray cluster (one per GPU, or per CPU group "
+                    "with --cpus-per-instance), puts the length-aware router in front "
+                    "(scripts/router.py's API, plus GET /cluster/status), and keeps it pointed "
+                    "at them: Ray restarts an instance whose serve.py dies, and the router "
+                    "follows it to its new address.",
+        epilog="Other flags before '--' go to the router (see scripts/router.py --help; "
+               "--instance is filled in); flags after '--' go to each serve.py (--host and "
+               "--port are set per instance). Example, two CPU instances on this machine: "
+               "python scripts/serve_cluster.py --instances 2 --cpus-per-instance 1 --port "
+               "8100 -- --model builtin")
+    ap.add_argument("--address", default=None,
+                    help="Ray cluster to join (host:port, 'auto' for the one `ray start` runs "
+                         "on this machine, ray://...); default: start a Ray instance here")
+    ap.add_argument("--instances", type=int, default=None,
+                    help="instances to place (default: as many as the cluster's GPUs, or CPUs "
+                         "with --cpus-per-instance, hold)")
+    ap.add_argument("--cpus-per-instance", type=float, default=None,
+                    help="CPU instances, each holding this many of Ray's CPUs (no GPU)")
+    ap.add_argument("--gpus-per-instance", type=float, default=1.0,
+                    help="GPUs each instance holds (default 1; Ray sets CUDA_VISIBLE_DEVICES)")
+    ap.add_argument("--roles", default="both",
+                    help="serve.py --role of each instance, comma-separated, or one for all "
+                         "(default both; prefill/decode need the router's --prefill/--decode)")
+    ap.add_argument("--instance-host", default=None,
+                    help="address each serve.py binds (default: its node's IP as Ray knows it, "
+                         "so the router can reach it from another machine: give the "
+                         "instances an --api-key after '--' and the router "
+                         "--instance-api-key on a shared network)")
+    ap.add_argument("--max-restarts", type=int, default=-1,
+                    help="times Ray restarts each instance (default -1: always)")
+    ap.add_argument("--ready-timeout", type=float, default=600.0,
+                    help="seconds an instance may take to start (compiling) (default 600)")
+    ap.add_argument("--object-store-mb", type=int, default=128,
+                    help="object store of a Ray instance started here (default 128 MiB: only "
+                         "addresses pass through it)")
+    return ap
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        k = argv.index("--")
+        return argv[:k], argv[k + 1:]
+    return argv, []
+
+
+def router_args(flags: list[str], urls: list[str], roles: list[str]) -> argparse.Namespace:
+    """The router's flags with the instances filled in (by role); exits with argparse's
+    message on a bad flag, as scripts/router.py would."""
+    if any(r != "both" for r in roles):
+        raise ValueError("--roles prefill/decode: the router does not route prefill/decode "
+                         "instances yet (scripts/router.py --prefill/--decode)")
+    inst = [a for u in urls for a in ("--instance", u)]
+    return router_cli.build_parser().parse_args(flags + inst)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, serve_args = split_argv(sys.argv[1:] if argv is None else argv)
+    args, rflags = build_parser().parse_known_args(ours)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    bad = [a for a in serve_args if a.split("=")[0] in SET_BY_LAUNCHER]
+    if bad:
+        log(f"error: {', '.join(bad)} after '--' are set by the launcher (--instance-host, "
+            f"--roles)")
+        return 2
+    spec = ClusterSpec(args.instances, args.cpus_per_instance, args.gpus_per_instance,
+                       tuple(args.roles.split(",")), tuple(serve_args), args.instance_host,
+                       args.max_restarts, args.ready_timeout)
+    n = args.instances or 1
+    try:  # the router's flags and the roles, checked before anything starts
+        router_args(rflags, ["http://127.0.0.1:1"] * n, spec.role_list(n))
+    except ValueError as e:
+        log(f"error: {e}")
+        return 2
+    return run(spec, args, rflags, log)
+
+
+def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
+    import ray
+    from laps_jax.cluster.ray_cluster import attach, connect, place, stop_all
+    connect(args.address, args.object_store_mb)
+    slots = []
+    try:
+        log(f"Ray cluster: {ray.cluster_resources()}; placing instances")
+        slots = place(spec)
+        for s in slots:
+            log(f"instance {s.index} ({s.role}) ready at {s.info['url']} "
+                f"(pid {s.info['pid']} on {s.info['node_ip']}, log {s.info['log']})")
+        rargs = router_args(rflags, [s.info["url"] for s in slots], [s.role for s in slots])
+        return asyncio.run(router_cli.serve(rargs, log, lambda app: attach(app, slots, log)))
+    except (ValueError, OSError, ray.exceptions.RayError) as e:
+        log(f"error: {e}")
+        return 2
+    finally:
+        stop_all(slots)
+        ray.shutdown()
