@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     bad = [a for a in serve_args if a.split("=")[0] in SET_BY_LAUNCHER]
     if bad:
-        log(f"error: {', '.join(bad)} after '--' are set by the launcher (--instance-host, "
-            f"--roles)")
+        log(f"error: {', '.join(bad)} after '--': the launcher sets these for each instance "
+            f"(see --instance-host, --roles)")
         return 2
     spec = ClusterSpec(args.instances, args.cpus_per_instance, args.gpus_per_instance,
                        tuple(args.roles.split(",")), tuple(serve_args), args.instance_host,
@@ -98,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
-    import ray
+    try:
+        import ray
+    except ImportError:
+        log("error: serve_cluster.py needs Ray: pip install 'laps_jax[cluster]' (ray 2.60)")
+        return 2
     from laps_jax.cluster.ray_cluster import attach, connect, place, stop_all
     connect(args.address, args.object_store_mb)
     slots = []
