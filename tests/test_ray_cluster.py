@@ -164,14 +164,17 @@ def ray_cluster(tmp_path_factory):
         logf.seek(0)
         return logf.read()[-6000:]
 
+    logs = set()  # the instances' own logs (in the temp dir of their node): removed at the end
     try:
         wait_for("both instances healthy", lambda: get(url, "/router/status")["healthy"] == 2,
                  400, proc, log)
+        logs |= {i["log"] for i in get(url, "/cluster/status")["instances"]}
         yield url, proc, log
     finally:
         pids = []
         try:
-            pids = [i["pid"] for i in get(url, "/cluster/status")["instances"]]
+            now = get(url, "/cluster/status")["instances"]
+            pids, logs = [i["pid"] for i in now], logs | {i["log"] for i in now}
         except OSError:
             pass
         proc.send_signal(signal.SIGTERM)
@@ -185,6 +188,8 @@ def ray_cluster(tmp_path_factory):
         for pid in pids:  # serve.py processes ended with the launcher
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+        for f in logs:
+            os.remove(f)
 
 
 @pytest.mark.slow
