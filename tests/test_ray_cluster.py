@@ -57,7 +57,7 @@ def test_launcher_refuses_bad_flags_before_starting_ray(capsys):
     assert main(["--instances", "2", "--cpus-per-instance", "1", "--", "--port", "9"]) == 2
     assert "--port after '--': the launcher sets" in capsys.readouterr().err
     assert main(["--instances", "2", "--roles", "prefill,decode"]) == 2
-    assert "does not route prefill/decode" in capsys.readouterr().err
+    assert "not yet handed to the router's --prefill/--decode" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a router flag that does not exist: argparse's message
         main(["--instances", "1", "--policy", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPUs each instance holds (default 1; Ray sets CUDA_VISIBLE_DEVICES)")
     ap.add_argument("--roles", default="both",
                     help="serve.py --role of each instance, comma-separated, or one for all "
-                         "(default both; prefill/decode need the router's --prefill/--decode)")
+                         "(default both; prefill/decode: not yet, see docs/ARCHITECTURE.md)")
     ap.add_argument("--instance-host", default=None,
                     help="address each serve.py binds (default: its node's IP as Ray knows it, "
                          "so the router can reach it from another machine: give the "
@@ -70,8 +70,8 @@ def router_args(flags: list[str], urls: list[str], roles: list[str]) -> argparse
     """The router's flags with the instances filled in (by role); exits with argparse's
     message on a bad flag, as scripts/router.py would."""
     if any(r != "both" for r in roles):
-        raise ValueError("--roles prefill/decode: the router does not route prefill/decode "
-                         "instances yet (scripts/router.py --prefill/--decode)")
+        raise ValueError("--roles prefill/decode: not yet handed to the router's "
+                         "--prefill/--decode by this launcher (only 'both')")
     inst = [a for u in urls for a in ("--instance", u)]
     return router_cli.build_parser().parse_args(flags + inst)
 
