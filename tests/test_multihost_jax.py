@@ -2,8 +2,9 @@
 devices, joined by `jax.distributed.initialize` (gloo collectives) into one 4-device mesh.
 
 Across the two processes: a psum and a matmul whose contracted dimension is split (so XLA
-all-reduces between processes) against numpy, and the laps_jax model runner with its weights
-tensor-parallel over all 4 devices against the same runner on one local device. What a
+all-reduces between processes) against numpy. (The model runner tensor-parallel over both
+processes was checked once against one device, 4.8e-7 apart, in session 16; it costs ~90 s of
+compiling, too much for the suite: ARCHITECTURE, "Multi-host JAX".) What a
 multi-host *instance* still lacks is in docs/ARCHITECTURE.md ("Multi-host JAX")."""
 
 from __future__ import annotations
@@ -40,27 +41,7 @@ psum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "x"), mesh=mesh, in_specs
 out["psum_err"] = float(np.abs(np.asarray(psum.addressable_data(0))
                                - b.reshape(4, 16, 12).sum(0)).max())
 out["collectives_s"] = time.time() - t0 - out["init_s"]
-from laps_jax.engine.buckets import BucketGrid
-from laps_jax.engine.runner import ModelRunner, SeqInput
-from laps_jax.models.loader import load_model
-from laps_jax.models.sharding import make_mesh
-m = load_model("tiny", "float32")  # random weights from seed 0: the same in both
-ids = rng.integers(0, m.cfg.vocab_size, 30)
-grid = BucketGrid.default(32, 1, 1)
-
-def logprobs(mesh):
-    r = ModelRunner(m.cfg, m.params, num_pages=16, page_size=8, max_model_len=128, grid=grid,
-                    mesh=mesh, layer_loop="unroll")
-    return r.run([SeqInput(ids, 0, [1, 2, 3, 4])], prompt_logprobs=True)[0].target_logprobs
-
-# the reference, once (process 1 meanwhile waits in the sharded step's first collective): the
-# same runner on one local device
-one = logprobs(make_mesh(devices=jax.local_devices()[:1])) if pid == 0 else None
-tp = logprobs(make_mesh(4))  # every process runs the same step: SPMD over both
 jax.distributed.shutdown()
-out["tp"], out["finite"] = tp.tolist(), bool(np.isfinite(tp).all())
-if one is not None:
-    out["model_err"] = float(np.abs(tp - one).max())
 out["total_s"] = time.time() - t0
 print(json.dumps(out), flush=True)
 """
@@ -88,7 +69,5 @@ def test_two_processes_form_one_mesh_and_agree_with_numpy_and_one_device():
     assert [r["process"] for r in results] == [0, 1]
     for r in results:
         assert r["devices"] == 4 and r["local"] == 2
-        assert r["matmul_err"] < 1e-4 and r["psum_err"] < 1e-5 and r["finite"]
-    assert results[0]["model_err"] < 1e-4
-    assert len(results[0]["tp"]) == 30 and results[0]["tp"] == results[1]["tp"]
+        assert r["matmul_err"] < 1e-4 and r["psum_err"] < 1e-5
     print(f"multi-host: init {results[0]['init_s']:.1f} s, total {results[0]['total_s']:.1f} s")
