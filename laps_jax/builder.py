@@ -91,6 +91,9 @@ def build(spec: EngineBuild, *, warmup: bool = True, prompt_logprobs: bool = Fal
     from laps_jax.models.loader import load_model
     from laps_jax.text.tokenizer import Tokenizer
 
+    if ecfg.tensor_parallel > 1:  # too few devices: refused before a weight is read
+        from laps_jax.models.sharding import tensor_mesh
+        tensor_mesh(ecfg.tensor_parallel)
     cache_dir = enable_persistent_cache(spec.compile_cache)
     dtype = spec.dtype or ("bfloat16" if jax.default_backend() == "gpu" else "float32")
     t0 = time.perf_counter()
@@ -111,7 +114,8 @@ def build(spec: EngineBuild, *, warmup: bool = True, prompt_logprobs: bool = Fal
     for i in range(spec.engines):
         if i:  # the first engine's weights as its runner holds them (unstacked once)
             shared = here = engines[0].runner.params
-            if spec.spread and len(jax.devices()) > i:
+            # (tensor parallel: both engines share the mesh the first one's weights are on)
+            if spec.spread and len(jax.devices()) > i and ecfg.tensor_parallel == 1:
                 here = jax.device_put(shared, jax.devices()[i])
             log(f"engine {i + 1} of {spec.engines}: the same weights"
                 f"{f' on {jax.devices()[i]}' if here is not shared else ''}")
@@ -125,12 +129,18 @@ def build(spec: EngineBuild, *, warmup: bool = True, prompt_logprobs: bool = Fal
 
 def describe_engine(engine) -> str:
     """One line: the context, the KV pool and the bucket grid an engine compiled."""
-    e, g = engine.ecfg, engine.grid
+    return describe_settings(engine.ecfg, engine.grid)
+
+
+def describe_settings(e: EngineConfig, g) -> str:
+    """One line: the context, the KV pool and the bucket grid of resolved settings `e` and
+    their grid `g` (the engine's, or the dry run's before anything is built)."""
     span = lambda xs: f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else f"{xs[0]}"
+    tp = f"; tensor parallel over {e.tensor_parallel} devices" if e.tensor_parallel > 1 else ""
     return (f"context {e.max_model_len} tokens, KV pool {(e.num_pages - 1) * e.page_size} "
             f"tokens ({e.num_pages - 1} pages of {e.page_size}); buckets: prefill "
             f"{span(g.prefill_batches)} x {span(g.prefill_tokens)} tokens (budget "
-            f"{g.max_batch_tokens}), decode {span(g.decode_batches)}")
+            f"{g.max_batch_tokens}), decode {span(g.decode_batches)}{tp}")
 
 
 def _bar(desc: str):

@@ -314,6 +314,7 @@ class EngineConfig:
     attention_backend: str | None = None  # None = pallas on GPU, xla on CPU
     layer_loop: str | None = None         # None = unroll on CPU, scan on GPU (qwen2.LAYER_LOOPS)
     enable_prefix_cache: bool = True
+    tensor_parallel: int = 1              # devices the weights and KV heads are split over
 
     @property
     def num_pages(self) -> int:

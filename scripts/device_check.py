@@ -9,6 +9,14 @@ comes last. `--quick` shrinks everything so it runs on CPU (interpreted Pallas) 
 
     python scripts/device_check.py            # on the H200 (about 3-5 minutes)
     python scripts/device_check.py --quick    # anywhere, to check the script works
+
+`--lower-only` needs no GPU: it lowers for cuda every executable the GPU server would compile
+(each prefill and decode bucket, the KV hand-off copies; scan layer loop, bfloat16, Pallas
+kernels as Triton) from shapes alone, one line each, and exits 1 if any fails
+(laps_jax/engine/lowering.py). The engine flags set the grid; `--tensor-parallel N` lowers the
+sharded programs over N virtual CPU devices when the machine has fewer:
+
+    python scripts/device_check.py --lower-only --model qwen2.5-32b --tensor-parallel 8
 """
 
 from __future__ import annotations
@@ -25,6 +33,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def lowering_parser() -> argparse.ArgumentParser:
+    from laps_jax.cli import add_engine_args
+    ap = argparse.ArgumentParser(description="lower the GPU server's executables for cuda "
+                                             "from shapes alone (no GPU, nothing allocated)")
+    ap.add_argument("--lower-only", action="store_true", required=True)
+    ap.add_argument("--platform", default="cuda", help="platform to lower for (default cuda)")
+    ap.add_argument("--prompt-logprobs", action="store_true",
+                    help="also the prompt log-prob buckets (what prefill_batch.py compiles)")
+    add_engine_args(ap, default_model="qwen2.5-32b")
+    ap.set_defaults(dtype="bfloat16")
+    return ap
+
+
+def lower_only(argv: list[str]) -> int:
+    """--lower-only: one line per executable, a total; 1 if any failed, 2 for bad settings."""
+    args = lowering_parser().parse_args(argv)
+    n = args.tensor_parallel
+    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        # read when jax starts: N virtual CPU devices to lay the mesh over (a GPU machine's own
+        # devices are used where it has N)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={n}").strip()
+    from laps_jax.cli import engine_config_from_args
+    from laps_jax.config import ConfigError, resolve_model
+    from laps_jax.engine.lowering import abstract_engine, lower_all
+    try:
+        cfg = resolve_model(args.model)[0]
+        engine = abstract_engine(cfg, engine_config_from_args(args), args.dtype)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    e = engine.ecfg
+    print(f"{cfg.name} {args.dtype}, tensor parallel {n}, {e.attention_backend} attention, "
+          f"{e.layer_loop} layer loop, lowering for {args.platform}", flush=True)
+    report = lower_all(engine, args.platform, args.prompt_logprobs,
+                       lambda p: print(p.format(), flush=True))
+    print(report.summary())
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__" and "--lower-only" in sys.argv[1:]:
+    sys.exit(lower_only(sys.argv[1:]))  # before jax is imported below (XLA_FLAGS)
 # The pytest child shares the GPU with this process: neither may grab 75% of it up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 

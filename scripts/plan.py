@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Memory plan for a preset or checkpoint: weight bytes, KV bytes per token, KV tokens that fit."""
+"""Memory plan for a preset or checkpoint: weight bytes, KV bytes per token, KV tokens that fit
+(`serve.py --dry-run` prints this plan with the bucket grid and the LAPS threshold, and refuses
+settings that do not fit)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 import sys
 
 from laps_jax.config import resolve_model
-from laps_jax.models.plan import DEVICES_GB, memory_plan
+from laps_jax.models.plan import DEVICES_GB, device_gb, memory_plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,13 +20,15 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"device name ({', '.join(DEVICES_GB)}) or its memory in GB")
     ap.add_argument("--reserve", type=float, default=0.1,
                     help="fraction of device memory kept for activations/runtime (default 0.1)")
+    ap.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                    help="weights and KV heads split over N devices (default 1)")
     args = ap.parse_args(argv)
     try:
-        gb = DEVICES_GB[args.device] if args.device in DEVICES_GB else float(args.device)
-    except ValueError:
-        ap.error(f"--device: unknown device {args.device!r}")
+        gb = device_gb(args.device)
+    except ValueError as e:
+        ap.error(str(e))
     cfg, _ = resolve_model(args.model)
-    print(memory_plan(cfg, args.dtype, gb, args.reserve).format())
+    print(memory_plan(cfg, args.dtype, gb, args.reserve, args.tensor_parallel).format())
     return 0
 
 

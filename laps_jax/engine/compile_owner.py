@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from laps_jax.engine.buckets import Bucket
+from laps_jax.engine.executables import ExecutableCache
 
 Progress = Callable[[int, int], None] | None
 
@@ -40,6 +41,17 @@ class EngineExecutables:
         if prompt_logprobs:
             buckets += grid.prefill_buckets(True)
         return buckets
+
+    def copy_keys(self) -> list[tuple[str, int]]:
+        """Every KV hand-off copy: a gather and a scatter per page-count bucket."""
+        return [(k, n) for n in self.transfer.sizes for k in ("gather", "scatter")]
+
+    def planned(self, prompt_logprobs: bool = False) -> list[tuple[ExecutableCache, object]]:
+        """(cache, key) of every executable a server compiles: the step buckets, then the KV
+        hand-off copies (what `warmup` and `warm_copies` build; engine/lowering.py lowers
+        this list, so it cannot drift from what runs)."""
+        return ([(self.steps, b) for b in sorted(set(self.all_buckets(prompt_logprobs)))]
+                + [(self.copies, k) for k in self.copy_keys()])
 
     def compile(self, buckets: Sequence[Bucket], progress: Progress = None) -> None:
         self.steps.warmup(list(buckets), progress)
@@ -64,10 +76,9 @@ class EngineExecutables:
         laps-spatial dispatcher asks for this before it takes requests)."""
         if self.copies.warm:
             return
-        sizes = self.transfer.sizes
-        self.copies.warmup([(k, n) for n in sizes for k in ("gather", "scatter")], progress)
+        self.copies.warmup(self.copy_keys(), progress)
         r = self.runner
-        for n in sizes:
+        for n in self.transfer.sizes:
             trash = np.zeros(n, np.int32)
             k, v = self.copies.get(("gather", n))(r.k_cache, r.v_cache, trash)
             r.k_cache, r.v_cache = self.copies.get(("scatter", n))(r.k_cache, r.v_cache,

@@ -33,11 +33,16 @@ class Engine(PagedSequences):
         self.cfg = cfg
         self.ecfg = ecfg = resolve_settings(ecfg or EngineConfig(), cfg)
         self.grid = BucketGrid.of_settings(ecfg)
+        mesh = None
+        if ecfg.tensor_parallel > 1:  # weights and KV heads split over that many devices
+            from laps_jax.models.sharding import tensor_mesh
+            mesh = tensor_mesh(ecfg.tensor_parallel)
         self.runner = ModelRunner(cfg, params, num_pages=ecfg.num_pages,
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,
                                   attention_backend=ecfg.attention_backend or default_backend(),
-                                  layer_loop=ecfg.layer_loop or default_layer_loop(params))
+                                  layer_loop=ecfg.layer_loop or default_layer_loop(params),
+                                  mesh=mesh)
         self.kv = KVCacheManager(ecfg.num_pages, ecfg.page_size, ecfg.enable_prefix_cache)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.transfer = KVTransfer(self.runner)  # laps-spatial's KV hand-off

@@ -68,6 +68,12 @@ class ExecutableCache:
         self.compiles_after_warmup = 0
         self.compile_seconds = 0.0
 
+    def lower(self, bucket: Bucket, platforms: tuple[str, ...] | None = None):
+        """The bucket's program lowered (not compiled), for `platforms` (default: this
+        machine's): the lowering check of a GPU's programs on a CPU (engine/lowering.py)."""
+        fn, args = self._build(bucket)
+        return fn.trace(*args).lower(lowering_platforms=platforms)
+
     def _compile(self, bucket: Bucket):
         fn, args = self._build(bucket)
         t0 = time.perf_counter()

@@ -64,8 +64,9 @@ class SeqOutput:
 
 
 def _step(params, k_cache, v_cache, batch: Batch, sampling: SamplingArrays, targets, *,
-          cfg: ModelConfig, backend: str, prompt_logprobs: bool):
-    hidden, k_cache, v_cache = forward_hidden(params, cfg, k_cache, v_cache, batch, backend)
+          cfg: ModelConfig, backend: str, prompt_logprobs: bool, mesh=None):
+    hidden, k_cache, v_cache = forward_hidden(params, cfg, k_cache, v_cache, batch, backend,
+                                              mesh)
     logits = lm_logits(params, cfg, last_hidden(hidden, batch.q_lens))
     out = sample(logits, sampling, NUM_TOP)
     target_lp = None
@@ -96,13 +97,20 @@ class ModelRunner:
         self.attention_blocks = attention_blocks(attention_backend)  # for the latency model
         self.kv_dtype = jnp.dtype(kv_dtype or jax.tree.leaves(params)[0].dtype)
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        self.mesh = mesh
         if mesh is not None:  # tensor parallel: weights and KV heads split over the mesh
             from laps_jax.models.sharding import kv_sharding, shard_params
             params = shard_params(params, mesh)
             sharding = kv_sharding(shape, mesh)
         else:  # pages live where the weights are
             sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
-        zeros = lambda s: jax.device_put(jnp.zeros(s, self.kv_dtype), sharding)
+        # Weights given as shapes (jax.ShapeDtypeStruct): pages as shapes too, nothing is
+        # allocated; such a runner can only lower its executables (engine/lowering.py).
+        self.abstract = isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct)
+        if self.abstract:
+            zeros = lambda s: jax.ShapeDtypeStruct(s, self.kv_dtype, sharding=sharding)
+        else:
+            zeros = lambda s: jax.device_put(jnp.zeros(s, self.kv_dtype), sharding)
         if layer_loop == "unroll":  # one page pool per layer (see qwen2.LAYER_LOOPS)
             self.params = unstack_layers(params)
             self.k_cache = [zeros(shape) for _ in range(cfg.num_layers)]
@@ -117,7 +125,7 @@ class ModelRunner:
     # -- compilation --------------------------------------------------------------------
     def _build(self, bucket: Bucket):
         fn = jax.jit(functools.partial(_step, cfg=self.cfg, backend=self.attention_backend,
-                                       prompt_logprobs=bucket.prompt_logprobs),
+                                       prompt_logprobs=bucket.prompt_logprobs, mesh=self.mesh),
                      donate_argnums=(1, 2))
         B, T = bucket.batch, bucket.tokens
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)

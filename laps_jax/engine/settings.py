@@ -25,7 +25,8 @@ DEFAULT_MAX_CHUNK = 2048
 FLAGS = {"page_size": "--page-size", "kv_cache_tokens": "--kv-cache-tokens",
          "max_model_len": "--max-model-len", "max_chunk": "--max-chunk",
          "max_prefill_batch": "--max-prefill-batch", "max_decode_batch": "--max-decode-batch",
-         "min_chunk": "min_chunk", "max_batch_tokens": "max_batch_tokens"}
+         "min_chunk": "min_chunk", "max_batch_tokens": "max_batch_tokens",
+         "tensor_parallel": "--tensor-parallel"}
 
 
 class SettingsError(ConfigError):
@@ -41,9 +42,19 @@ def _positive(ecfg: EngineConfig) -> None:
             raise SettingsError(f"{flag} must be a positive integer, got {v!r}")
 
 
+def _check_tensor_parallel(n: int, model: ModelConfig) -> None:
+    """Every device gets whole query and KV heads (attention then runs per device on its own
+    heads); a split mid-head would still compute but move K/V between devices every layer."""
+    for what, heads in (("KV heads", model.num_kv_heads), ("query heads", model.num_heads)):
+        if heads % n:
+            raise SettingsError(f"--tensor-parallel {n} does not divide the model's {heads} "
+                                f"{what}; choose a divisor of {model.num_kv_heads}")
+
+
 def resolve(ecfg: EngineConfig, model: ModelConfig) -> EngineConfig:
     """A copy of `ecfg` with every size concrete and consistent with `model`; idempotent."""
     _positive(ecfg)
+    _check_tensor_parallel(ecfg.tensor_parallel, model)
     ps = ecfg.page_size
     pool = (ecfg.kv_cache_tokens // ps) * ps  # tokens the usable pages hold (page 0 is trash)
     pages = pool // ps
@@ -107,6 +118,11 @@ def add_args(g) -> None:
                    help="sequences per prefill bucket (default %(default)s)")
     g.add_argument("--max-decode-batch", type=int, default=e.max_decode_batch,
                    help="sequences per decode bucket (default %(default)s)")
+    g.add_argument("--tensor-parallel", type=int, default=e.tensor_parallel, metavar="N",
+                   help="split the weights and the KV cache's heads over N devices (Megatron "
+                        "tensor parallelism; N must divide the KV heads; on the CPU set "
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N) "
+                        "(default %(default)s: one device)")
     g.add_argument("--dot-tuning-tokens", type=int, default=0, help=argparse.SUPPRESS)
 
 
@@ -120,4 +136,5 @@ def from_args(args) -> EngineConfig:
                         max_model_len=args.max_model_len, max_chunk=args.max_chunk,
                         max_prefill_batch=args.max_prefill_batch,
                         max_decode_batch=args.max_decode_batch,
-                        attention_backend=args.attention_backend, layer_loop=args.layer_loop)
+                        attention_backend=args.attention_backend, layer_loop=args.layer_loop,
+                        tensor_parallel=getattr(args, "tensor_parallel", 1))

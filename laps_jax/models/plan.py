@@ -1,4 +1,6 @@
-"""Memory plan: weight bytes, KV bytes per token, and how many KV tokens fit on a device."""
+"""Memory plan: weight bytes, KV bytes per token, and how many KV tokens fit on a device, from
+shapes alone (nothing allocated); with tensor parallelism, per device, by the partition rules
+that shard the weights (models/sharding.py)."""
 
 from __future__ import annotations
 
@@ -12,37 +14,78 @@ GB = 1e9
 DEVICES_GB = {"h200": 141.0, "h100": 80.0, "a100-80g": 80.0, "a100-40g": 40.0}
 
 
+def device_gb(device: str) -> float:
+    """A device's memory in GB: a name of DEVICES_GB or a number; ValueError otherwise."""
+    if device in DEVICES_GB:
+        return DEVICES_GB[device]
+    try:
+        gb = float(device)
+    except ValueError:
+        raise ValueError(f"--device: unknown device {device!r} (known: "
+                         f"{', '.join(DEVICES_GB)}; or its memory in GB)") from None
+    if not gb > 0:
+        raise ValueError(f"--device: memory must be positive, got {device!r}")
+    return gb
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     model: str
     dtype: str
     num_params: int
-    weight_bytes: int
-    kv_bytes_per_token: int
+    weight_bytes: int          # on each device
+    kv_bytes_per_token: int    # on each device
     device_bytes: int
     reserved_bytes: int
-    kv_tokens: int
+    kv_tokens: int             # KV tokens that fit beside the weights (0: the weights do not)
+    tensor_parallel: int = 1
+
+    @property
+    def free_bytes(self) -> int:
+        """What each device has for KV pages after the weights and the reserve (< 0: short)."""
+        return self.device_bytes - self.reserved_bytes - self.weight_bytes
 
     def format(self) -> str:
+        each = " per device" if self.tensor_parallel > 1 else ""
         return "\n".join([
             f"model            {self.model} ({self.num_params / 1e9:.3f} B parameters)",
             f"dtype            {self.dtype}",
-            f"weights          {self.weight_bytes / GB:.2f} GB",
-            f"KV per token     {self.kv_bytes_per_token / 1024:.1f} KiB",
+            f"tensor parallel  {self.tensor_parallel} device(s)",
+            f"weights          {self.weight_bytes / GB:.2f} GB{each}",
+            f"KV per token     {self.kv_bytes_per_token / 1024:.1f} KiB{each}",
             f"device memory    {self.device_bytes / GB:.1f} GB "
             f"({self.reserved_bytes / GB:.1f} GB kept for activations and runtime)",
             f"KV tokens fit    {self.kv_tokens:,}",
         ])
 
 
+def weight_bytes_per_device(cfg: ModelConfig, itemsize: int, tensor_parallel: int) -> int:
+    """Bytes of one device's share of the weights, split as sharding.param_specs splits them
+    (a dimension the devices do not divide stays whole on each)."""
+    if tensor_parallel == 1:
+        return cfg.num_params() * itemsize
+    import jax
+    from flax import nnx
+
+    from laps_jax.models.qwen2 import abstract_state
+    from laps_jax.models.sharding import local_size, param_specs
+    from jax.sharding import PartitionSpec
+    shapes = nnx.to_pure_dict(abstract_state(cfg))
+    specs = param_specs(shapes, tensor_parallel)
+    sizes = jax.tree.map(lambda x, s: local_size(x.shape, s, tensor_parallel), shapes, specs,
+                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return sum(jax.tree.leaves(sizes)) * itemsize
+
+
 def memory_plan(cfg: ModelConfig, dtype: str = "bfloat16", device_gb: float = 141.0,
-                reserve_fraction: float = 0.1) -> MemoryPlan:
-    """Everything here comes from shapes: nothing is allocated."""
+                reserve_fraction: float = 0.1, tensor_parallel: int = 1) -> MemoryPlan:
+    """Everything here comes from shapes: nothing is allocated. With `tensor_parallel` N the
+    KV pages split over the kv heads (N must divide them: engine/settings.py refuses others)."""
     itemsize = np.dtype({"bfloat16": np.float16, "float32": np.float32}[dtype]).itemsize
-    n = cfg.num_params()
-    weight = n * itemsize
-    per_tok = cfg.kv_bytes_per_token(itemsize)
+    weight = weight_bytes_per_device(cfg, itemsize, tensor_parallel)
+    per_tok = cfg.kv_bytes_per_token(itemsize) // tensor_parallel
     device = int(device_gb * GB)
     reserved = int(device * reserve_fraction)
     free = max(device - reserved - weight, 0)
-    return MemoryPlan(cfg.name, dtype, n, weight, per_tok, device, reserved, free // per_tok)
+    return MemoryPlan(cfg.name, dtype, cfg.num_params(), weight, per_tok, device, reserved,
+                      free // per_tok, tensor_parallel)

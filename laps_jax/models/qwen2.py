@@ -9,6 +9,7 @@ and run under one `lax.scan`, so compile time does not grow with depth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -17,6 +18,7 @@ from flax import nnx
 
 from laps_jax.config import ModelConfig
 from laps_jax.models.rope import rope
+from laps_jax.models.sharding import head_parallel, heads_divide
 from laps_jax.pallas_kernels import paged_attention
 
 
@@ -133,14 +135,19 @@ def write_kv(cache, layer, pages, offs, new):
 
 
 def forward_hidden(params: dict, cfg: ModelConfig, k_cache, v_cache, batch: Batch,
-                   attention_backend: str = "xla"):
-    """Runs every layer over the batch; writes new K/V into the pages; returns final hidden."""
+                   attention_backend: str = "xla", mesh=None):
+    """Runs every layer over the batch; writes new K/V into the pages; returns final hidden.
+    With a tensor-parallel `mesh` whose size divides the heads, attention runs per device on
+    its own heads (sharding.head_parallel); the matmuls are split by the SPMD partitioner."""
     p = params
     page_size = k_cache[0].shape[1] if isinstance(k_cache, list) else k_cache.shape[2]
     pages, offs, positions = kv_slots(batch, page_size)
     x = p["embed"][batch.tokens]
     B, T = batch.tokens.shape
-    scale = cfg.head_dim ** -0.5
+    attend = functools.partial(paged_attention, scale=cfg.head_dim ** -0.5,
+                               backend=attention_backend)
+    if heads_divide(cfg, mesh):
+        attend = head_parallel(attend, mesh)
 
     def layer(carry, lp):
         x, kc, vc, li = carry
@@ -152,8 +159,7 @@ def forward_hidden(params: dict, cfg: ModelConfig, k_cache, v_cache, batch: Batc
         q, k = rope(q, positions, cfg), rope(k, positions, cfg)
         kc = write_kv(kc, li, pages, offs, k)
         vc = write_kv(vc, li, pages, offs, v)
-        o = paged_attention(q, kc, vc, li, batch.q_lens, batch.cached_lens, batch.page_table,
-                            scale=scale, backend=attention_backend)
+        o = attend(q, kc, vc, li, batch.q_lens, batch.cached_lens, batch.page_table)
         x = x + o.reshape(B, T, cfg.q_size).astype(x.dtype) @ a["o_w"]
         h = rms_norm(x, lp["post_attn_norm"], cfg.rms_norm_eps)
         x = x + (jax.nn.silu(h @ m["gate_w"]) * (h @ m["up_w"])) @ m["down_w"]

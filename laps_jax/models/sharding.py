@@ -28,6 +28,35 @@ def make_mesh(num_devices: int | None = None, devices=None) -> Mesh:
     return Mesh(np.array(devices), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def tensor_mesh(n: int) -> Mesh:
+    """A mesh over the first `n` devices; ValueError (one line) when there are fewer."""
+    have = jax.devices()
+    if n > len(have):
+        hint = (f"; on the CPU set XLA_FLAGS=--xla_force_host_platform_device_count={n} "
+                "before starting" if have[0].platform == "cpu" else "")
+        raise ValueError(f"--tensor-parallel {n} needs {n} devices, JAX sees {len(have)} "
+                         f"{have[0].platform} device(s){hint}")
+    return make_mesh(n)
+
+
+def heads_divide(cfg, mesh: Mesh | None) -> bool:
+    """Whether every device of `mesh` can hold whole query and KV heads."""
+    n = 1 if mesh is None else mesh.shape[AXIS]
+    return n > 1 and cfg.num_heads % n == 0 and cfg.num_kv_heads % n == 0
+
+
+def head_parallel(attention, mesh: Mesh):
+    """`attention(q, k_cache, v_cache, layer, q_lens, cached_lens, page_table)` run on each
+    device over its own heads (shard_map): q [B, T, heads, hd] and the pages
+    [L, pages, page_size, kv_heads, hd] split on heads, the rest replicated. A Pallas kernel is a
+    custom call the SPMD partitioner cannot split, so without this it would gather every
+    device's K/V pages before each layer's attention."""
+    q = P(None, None, AXIS, None)
+    kv = P(None, None, None, AXIS, None)
+    return jax.shard_map(attention, mesh=mesh, in_specs=(q, kv, kv, P(), P(), P(), P()),
+                         out_specs=q, check_vma=False)
+
+
 def _spec(shape: tuple[int, ...], axis: int | None, size: int) -> P:
     if axis is None or shape[axis] % size:
         return P()
@@ -36,10 +65,9 @@ def _spec(shape: tuple[int, ...], axis: int | None, size: int) -> P:
     return P(*parts)
 
 
-def param_shardings(params: dict, mesh: Mesh) -> dict:
-    """A NamedSharding for every parameter, by its path."""
-    size = mesh.shape[AXIS]
-
+def param_specs(params: dict, size: int) -> dict:
+    """A PartitionSpec for every parameter (arrays or shapes), by its path, for an axis of
+    `size` devices."""
     def rule(path, leaf):
         names = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
         unstacked = len(names) > 1 and names[0] == "layers" and names[1].isdigit()
@@ -49,9 +77,22 @@ def param_shardings(params: dict, mesh: Mesh) -> dict:
         axis = _RULES[key]
         if unstacked and axis is not None:
             axis -= 1  # no leading layer axis
-        return NamedSharding(mesh, _spec(leaf.shape, axis, size))
+        return _spec(leaf.shape, axis, size)
 
     return jax.tree_util.tree_map_with_path(rule, params)
+
+
+def param_shardings(params: dict, mesh: Mesh) -> dict:
+    """A NamedSharding for every parameter, by its path."""
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                        param_specs(params, mesh.shape[AXIS]),
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def local_size(shape: tuple[int, ...], spec: P, size: int) -> int:
+    """Elements of one device's shard of an array of `shape` split by `spec`."""
+    n = int(np.prod(shape))
+    return n // size if AXIS in tuple(spec) else n
 
 
 def kv_sharding(kv_shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
@@ -60,4 +101,10 @@ def kv_sharding(kv_shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
 
 
 def shard_params(params: dict, mesh: Mesh) -> dict:
-    return jax.device_put(params, param_shardings(params, mesh))
+    """Weights placed per the rules; shapes (ShapeDtypeStruct) get the shardings only, so an
+    abstract model (the lowering check) is never allocated."""
+    shardings = param_shardings(params, mesh)
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            params, shardings)
+    return jax.device_put(params, shardings)

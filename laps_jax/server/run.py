@@ -16,6 +16,7 @@ from aiohttp import web
 
 from laps_jax.cli import add_engine_args, build_engine, setup_logging
 from laps_jax.scheduler import flags as scheduler_flags
+from laps_jax.server import dry_run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     from laps_jax.scheduler import pd as pd_flags
     pd_flags.add_args(ap.add_argument_group("prefill/decode disaggregation"))
     add_engine_args(ap)
+    dry_run.add_args(ap.add_argument_group("plan"))
     return ap
 
 
@@ -126,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     try:
+        if args.dry_run:
+            return dry_run.dry_run(args)
         return asyncio.run(serve(args, log))
     except (ValueError, OSError) as e:  # bad model path, port in use, ...
         log(f"error: {e}")

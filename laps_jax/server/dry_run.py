@@ -1,0 +1,72 @@
+"""`serve.py --dry-run`: the plan of a server, from shapes alone, before anything is allocated.
+
+Prints the memory plan (weights and KV bytes per token on each device, KV tokens that fit), the
+bucket grid the engine would compile and the LAPS short/long threshold of the H200 roofline,
+then exits: 0 when the settings fit the device, 1 (with the numbers) when they do not. Nothing
+is loaded, allocated or compiled, so a Qwen2.5-32B plan for 8 H200s runs on a laptop.
+"""
+
+from __future__ import annotations
+
+
+from laps_jax.builder import describe_settings
+from laps_jax.config import resolve_model
+from laps_jax.engine import settings
+from laps_jax.engine.buckets import BucketGrid
+from laps_jax.models.plan import GB, MemoryPlan, device_gb, memory_plan
+from laps_jax.scheduler.latency_model import H200, LatencyModel
+
+CACHED = (0, 2048, 8192)  # cached-history lengths the threshold is shown at
+
+
+def add_args(g) -> None:
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the memory plan, the bucket grid and the LAPS threshold for "
+                        "--device, then exit (non-zero if it does not fit); nothing is loaded")
+    g.add_argument("--device", default="h200",
+                   help="with --dry-run: the device planned for (h200, h100, a100-80g, "
+                        "a100-40g, or its memory in GB) (default: h200)")
+
+
+def does_not_fit(plan: MemoryPlan, pool_tokens: int) -> str | None:
+    """Why the plan cannot run (one line with the numbers), or None."""
+    tp = f" at --tensor-parallel {plan.tensor_parallel}" if plan.tensor_parallel > 1 else ""
+    if plan.free_bytes <= 0:
+        return (f"the weights do not fit{tp}: {plan.weight_bytes / GB:.2f} GB per device, "
+                f"{(plan.device_bytes - plan.reserved_bytes) / GB:.2f} GB usable "
+                f"({plan.device_bytes / GB:.1f} GB less the reserve)")
+    if pool_tokens > plan.kv_tokens:
+        need = pool_tokens * plan.kv_bytes_per_token / GB
+        return (f"--kv-cache-tokens {pool_tokens} does not fit{tp}: {need:.2f} GB of KV per "
+                f"device, {plan.free_bytes / GB:.2f} GB left after the weights "
+                f"({plan.kv_tokens:,} tokens); lower --kv-cache-tokens or raise "
+                "--tensor-parallel")
+    return None
+
+
+def dry_run(args, out=print) -> int:
+    """The plan for the flags in `args` (serve.py's); 0 fits, 1 does not. Raises ValueError
+    (ConfigError, SettingsError) for a bad model, device or settings."""
+    cfg = resolve_model(args.model)[0]
+    ecfg = settings.resolve(settings.from_args(args), cfg)
+    dtype = args.dtype or "bfloat16"  # planned for a GPU
+    plan = memory_plan(cfg, dtype, device_gb(args.device), tensor_parallel=ecfg.tensor_parallel)
+    out(f"dry run: {args.model} on {args.device} (nothing loaded, allocated or compiled)")
+    out(plan.format())
+    out("engine           " + describe_settings(ecfg, BucketGrid.of_settings(ecfg)))
+    # per device, a TP split divides FLOPs and bytes alike: the crossover is the same
+    lm = LatencyModel(cfg, 2 if dtype == "bfloat16" else 4, H200)
+    out("LAPS threshold   " + ", ".join(f"{lm.threshold(c)} new tokens over {c} cached"
+                                         for c in CACHED)
+        + f" (H200 roofline: {H200.peak_flops / 1e12:.0f} TFLOP/s, "
+          f"{H200.mem_bandwidth / 1e12:.1f} TB/s)")
+    pool = (ecfg.num_pages - 1) * ecfg.page_size
+    why = does_not_fit(plan, pool)
+    if why:
+        out(f"refused: {why}")
+        return 1
+    out(f"fits: KV pool {pool:,} tokens of {plan.kv_tokens:,} that fit")
+    return 0
+
+
+__all__ = ["add_args", "does_not_fit", "dry_run"]
