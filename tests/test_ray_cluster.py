@@ -56,8 +56,8 @@ def test_launcher_refuses_bad_flags_before_starting_ray(capsys):
     from laps_jax.cluster.cluster_cli import main
     assert main(["--instances", "2", "--cpus-per-instance", "1", "--", "--port", "9"]) == 2
     assert "--port after '--': the launcher sets" in capsys.readouterr().err
-    assert main(["--instances", "2", "--roles", "prefill,decode"]) == 2
-    assert "not yet handed to the router's --prefill/--decode" in capsys.readouterr().err
+    assert main(["--instances", "2", "--roles", "prefill,both"]) == 2
+    assert "needs at least one prefill and one decode instance" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a router flag that does not exist: argparse's message
         main(["--instances", "1", "--policy", "nope"])
     assert "invalid choice: 'nope'" in capsys.readouterr().err
@@ -87,6 +87,19 @@ class _Ref:
         return self._fut
 
 
+def test_roles_become_the_routers_prefill_and_decode_lists():
+    from laps_jax.cluster.cluster_cli import router_args, router_order
+    urls = ["http://a:1", "http://b:2", "http://c:3"]
+    args = router_args([], urls, ["decode", "prefill", "decode"])
+    assert (args.prefill, args.decode, args.instance) == (["http://b:2"], ["http://a:1", "http://c:3"], [])
+    # the router lists prefill then decode: instance 0 (decode) is the router's second
+    assert router_order(["decode", "prefill", "decode"]) == [1, 0, 2]
+    assert router_order(["both", "both"]) == [0, 1]
+    assert router_args([], urls[:2], ["both", "both"]).instance == urls[:2]
+    with pytest.raises(ValueError, match="at least one prefill and one decode"):
+        router_order(["prefill", "prefill"])
+
+
 async def test_follower_moves_the_router_slot_when_ray_restarts_an_instance():
     import ray
     urls = ["http://10.0.0.1:1000", "http://10.0.0.2:2000"]
@@ -113,6 +126,14 @@ async def test_follower_moves_the_router_slot_when_ray_restarts_an_instance():
     assert router.instances[0].url == "http://10.0.0.3:3000"
     assert router.instances[1].url == urls[1]  # a dead slot keeps its last address (down)
     assert "restarted by Ray" in logs[-1] and any("gone for good" in m for m in logs)
+    # a split: the slot at the router's place for that instance moves, not the launcher's index
+    c = FakeActor([info("http://10.0.0.9:9", 9)])
+    slots = [Slot(0, "decode", c, info(urls[1], 2), router_index=1)]
+    f = Follower(slots, router, logs.append, interval=0.01)
+    f.check()
+    await asyncio.sleep(0.01)
+    f.check()
+    assert router.instances[1].url == "http://10.0.0.9:9" and router.instances[0].url != urls[1]
 
 
 # -- slow: a local Ray cluster ---------------------------------------------------------------

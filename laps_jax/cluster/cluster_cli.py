@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GPUs each instance holds (default 1; Ray sets CUDA_VISIBLE_DEVICES)")
     ap.add_argument("--roles", default="both",
                     help="serve.py --role of each instance, comma-separated, or one for all "
-                         "(default both; prefill/decode: not yet, see docs/ARCHITECTURE.md)")
+                         "(default both; e.g. prefill,decode: each request is prefilled on a "
+                         "prefill instance and decoded on a decode one, its KV pulled across)")
     ap.add_argument("--instance-host", default=None,
                     help="address each serve.py binds (default: its node's IP as Ray knows it, "
                          "so the router can reach it from another machine: give the "
@@ -66,13 +67,27 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def router_order(roles: list[str]) -> list[int]:
+    """Instance i's place in the router's list: as given when every role is `both`; with a
+    prefill/decode split the router lists the prefill instances first, then the decode ones
+    (router_cli: --prefill URL... --decode URL...). A split needs at least one of each and no
+    `both` beside them."""
+    if all(r == "both" for r in roles):
+        return list(range(len(roles)))
+    if "both" in roles or "prefill" not in roles or "decode" not in roles:
+        raise ValueError(f"--roles {','.join(roles)}: a prefill/decode split needs at least one "
+                         f"prefill and one decode instance and no 'both' beside them")
+    order = [i for i, r in enumerate(roles) if r == "prefill"] + \
+        [i for i, r in enumerate(roles) if r == "decode"]
+    return [order.index(i) for i in range(len(roles))]
+
+
 def router_args(flags: list[str], urls: list[str], roles: list[str]) -> argparse.Namespace:
-    """The router's flags with the instances filled in (by role); exits with argparse's
-    message on a bad flag, as scripts/router.py would."""
-    if any(r != "both" for r in roles):
-        raise ValueError("--roles prefill/decode: not yet handed to the router's "
-                         "--prefill/--decode by this launcher (only 'both')")
-    inst = [a for u in urls for a in ("--instance", u)]
+    """The router's flags with the instances filled in (by role: --instance, or --prefill and
+    --decode); exits with argparse's message on a bad flag, as scripts/router.py would."""
+    router_order(roles)  # refuses a split that cannot work
+    flag = {"both": "--instance", "prefill": "--prefill", "decode": "--decode"}
+    inst = [a for u, r in zip(urls, roles) for a in (flag[r], u)]
     return router_cli.build_parser().parse_args(flags + inst)
 
 
@@ -109,6 +124,8 @@ def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
     try:
         log(f"Ray cluster: {ray.cluster_resources()}; placing instances")
         slots = place(spec)
+        for s, k in zip(slots, router_order([s.role for s in slots])):
+            s.router_index = k  # where the follower moves the router's slot on a restart
         for s in slots:
             log(f"instance {s.index} ({s.role}) ready at {s.info['url']} "
                 f"(pid {s.info['pid']} on {s.info['node_ip']}, log {s.info['log']})")

@@ -86,6 +86,7 @@ class Slot:
     error: str | None = None
     pending: object = None     # the info() call in flight (at most one per slot)
     asked: float = 0.0         # when it was sent
+    router_index: int = -1     # its place in the router's list (-1: `index`)
 
     def status(self) -> dict:
         return {**self.info, "role": self.role, "restarts": self.restarts, "state": self.state,
@@ -161,7 +162,8 @@ class Follower:
                 s.restarts += 1
                 self.log(f"instance {s.index} restarted by Ray: {s.info['url']} -> "
                          f"{info['url']} (pid {info['pid']} on {info['node_ip']})")
-                self.router.replace_instance(s.index, info["url"])
+                k = s.index if s.router_index < 0 else s.router_index
+                self.router.replace_instance(k, info["url"])
             s.info = info
         elif isinstance(err, ray.exceptions.ActorDiedError):  # restarts used up, or killed
             s.state, s.error = "dead", str(err).splitlines()[0]

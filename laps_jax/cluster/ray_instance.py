@@ -68,9 +68,14 @@ class InstanceProcess:
         self.log_path = os.path.join(tempfile.gettempdir(),
                                      f"laps_instance{index}_{self.port}.log")
         self._log = open(self.log_path, "w+")
+        # a prefill/decode instance's transfer server listens where its HTTP does (a decode
+        # peer on another node pulls from it), unless the serve.py flags say where
+        transfer = ([] if "--role" not in serve_args or any(
+            a.startswith("--transfer-address") for a in serve_args)
+            else ["--transfer-address", f"{self.host}:0"])
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVE_MAIN, *serve_args, "--host", self.host,
-             "--port", str(self.port)],
+             "--port", str(self.port), *transfer],
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_death_signal())
         self._await_health(ready_timeout_s)
         threading.Thread(target=self._watch, name="instance-watchdog", daemon=True).start()
