@@ -137,3 +137,17 @@ def test_loads_and_flush_cache(srv):
     assert srv.engine.kv.num_free == srv.engine.kv.num_pages - 1 and not srv.engine.kv.by_hash
     assert srv.post("/v1/completions", again)[1]["usage"]["prompt_tokens_details"][
         "cached_tokens"] == 0
+
+
+def test_api_key_guards_the_sglang_routes(srv):
+    srv.state.api_key = "sekret"
+    try:
+        for method, path, body in (("POST", "/generate", b'{"input_ids": [5, 6]}'),
+                                   ("POST", "/flush_cache", b""), ("GET", "/v1/loads", None)):
+            status, got, _ = srv.request(method, path, body)
+            assert status == 401 and got["error"]["code"] == "invalid_api_key", path
+            status, _, _ = srv.request(method, path, body,
+                                       headers={"Authorization": "Bearer sekret"})
+            assert status == 200, path
+    finally:
+        srv.state.api_key = None

@@ -33,6 +33,7 @@ log = logging.getLogger("laps_jax.server")
 DISCONNECT_POLL_S = 0.25
 PD_HEADER = "X-Laps-PD"  # "prefill" or "decode": a leg of a prefill/decode split (pd.py)
 PARSE_THREADS = 4  # requests decoded and tokenized at once, off the event loop
+GUARDED = ("/v1/", "/pd/", "/generate", "/flush_cache")  # what --api-key guards
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith(("/v1/", "/pd/")) and not _authorized(
+        if state.api_key and request.path.startswith(GUARDED) and not _authorized(
                 request.headers.get("Authorization", ""), state.api_key):
             raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                            status=401, code="invalid_api_key")
