@@ -8,6 +8,7 @@ instances, several rounds, median and range (laps_jax/bench/routers.py; docs/BEN
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -30,6 +31,9 @@ def parse_args(argv):
                          "default: the Azure conversation trace, the Mooncake trace and "
                          "docs/data/sessions_200.jsonl)")
     add_trace_args(ap, only=("max_requests", "length_scale", "time_scale"))
+    ap.add_argument("--time-scale-for", action="append", default=[], metavar="KIND=X",
+                    help="--time-scale for one trace kind (repeat), so each trace can be "
+                         "replayed at a comparable load")
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
                     help="comma-separated: POLICY of scripts/router.py, or smg:POLICY "
                          "(default: %(default)s)")
@@ -57,7 +61,12 @@ def parse_args(argv):
         args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
     except (ValueError, IndexError) as e:
         ap.error(str(e))
-    bad = [k for k, _ in args.trace if k not in FORMATS]
+    try:
+        args.time_scale_for = {k: float(x) for k, x in
+                               (kv.split("=", 1) for kv in args.time_scale_for)}
+    except ValueError:
+        ap.error("--time-scale-for takes KIND=NUMBER")
+    bad = [k for k, _ in args.trace + list(args.time_scale_for.items()) if k not in FORMATS]
     if bad or args.rounds < 1 or args.instances < 1:
         ap.error(f"bad --trace kind {bad}" if bad else "--rounds and --instances must be >= 1")
     return args
@@ -69,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     vocab = resolve_model(args.model)[0].vocab_size
     serve_args = ["--model", args.model, "--max-model-len", str(args.max_model_len),
                   *shlex.split(args.serve_args)]
-    works = {kind: load(kind, path, trace_options_from_args(
-        args, vocab_size=vocab, max_len=args.max_model_len - 1, seed=args.seed))
-        for kind, path in args.trace}
+    works = {}
+    for kind, path in args.trace:
+        opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
+                                       seed=args.seed)
+        if kind in args.time_scale_for:
+            opts = dataclasses.replace(opts, time_scale=args.time_scale_for[kind])
+        works[kind] = load(kind, path, opts)
     os.makedirs(args.output_dir, exist_ok=True)
     logs = tempfile.mkdtemp(prefix="bench_routers_", dir=args.output_dir)
     cpus = [int(c) for c in args.pin_cpus.split(",")] if args.pin_cpus else None
