@@ -206,6 +206,17 @@ class Dispatcher:
         key = "aborted" if reason == "abort" else "failed" if reason == "error" else "finished"
         self.counts[key] += 1
 
+    async def flush_prefix_cache(self) -> bool:
+        """Drops every lane's cached prefixes (a benchmark's fresh start); False, and nothing
+        dropped, while any request is live. Runs on each engine's own thread."""
+        if self.live or self._moves or any(lane.has_work() for lane in self.lanes):
+            return False
+        for lane in self.lanes:
+            clear = getattr(lane.executor, "clear_prefix_cache", None)
+            if clear is not None:
+                await clear()
+        return True
+
     # -- observability --------------------------------------------------------------------
     def metrics(self) -> SchedulerMetrics:
         return SchedulerMetrics(self.mode, self.counts["submitted"], self.counts["finished"],

@@ -179,6 +179,9 @@ class EngineExecutor:
                 self.engine.release(s, reason)
         await self._call(run)
 
+    async def clear_prefix_cache(self) -> None:
+        await self._call(self.engine.kv.clear_prefix_cache)
+
     def stats(self) -> ExecutorStats:
         r, kv = self.engine.runner, self.engine.kv
         steps = {f"{b.batch}x{b.tokens}": n for b, n in sorted(r.stats.steps.items())}

@@ -33,6 +33,7 @@ log = logging.getLogger("laps_jax.server")
 DISCONNECT_POLL_S = 0.25
 PD_HEADER = "X-Laps-PD"  # "prefill" or "decode": a leg of a prefill/decode split (pd.py)
 PARSE_THREADS = 4  # requests decoded and tokenized at once, off the event loop
+GUARDED = ("/v1/", "/pd/", "/generate", "/flush_cache")  # what --api-key guards
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith(("/v1/", "/pd/")) and not _authorized(
+        if state.api_key and request.path.startswith(GUARDED) and not _authorized(
                 request.headers.get("Authorization", ""), state.api_key):
             raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                            status=401, code="invalid_api_key")
@@ -199,13 +200,15 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
 
 
 async def respond(request: web.Request, state: ServerState, req: GenerationRequest,
-                  handle) -> web.StreamResponse:
-    """The OpenAI answer (JSON or a stream) of a submitted request."""
+                  handle, whole=None, stream=None) -> web.StreamResponse:
+    """The answer (JSON or a stream) of a submitted request: OpenAI's, or another API's
+    `whole` / `stream` formats; however it ends, the request is aborted (pages freed)."""
+    whole, stream = whole or _whole, stream or _stream
     state.live += 1
     try:
         if req.stream:
-            return await _stream(request, state, req, handle)
-        return await _whole(request, state, req, handle)
+            return await stream(request, state, req, handle)
+        return await whole(request, state, req, handle)
     finally:
         handle.abort()  # client gone, error or cancelled: free its pages now (no-op if done)
         state.live -= 1
@@ -227,7 +230,9 @@ def _finish_reason(stats, text: TextStream) -> str:
     return stats.finish_reason if stats.finish_reason in ("stop", "length") else "abort"
 
 
-async def _whole(request, state, req: GenerationRequest, handle) -> web.Response:
+async def collect(request, state, req: GenerationRequest, handle):
+    """(token events, text up to a stop string, stats) of a whole answer; the engine's failure
+    raised as its APIError."""
     text = TextStream(state.tokenizer, req.stop)
     events = []
     async for ev in _events(handle, request):
@@ -240,6 +245,11 @@ async def _whole(request, state, req: GenerationRequest, handle) -> web.Response
     stats = await handle.result()
     if (err := _failure(handle)) is not None:
         raise err
+    return events, text, stats
+
+
+async def _whole(request, state, req: GenerationRequest, handle) -> web.Response:
+    events, text, stats = await collect(request, state, req, handle)
     out = ResponseBuilder(req.kind, req.model)
     lp = None
     if req.logprobs is not None:
@@ -346,4 +356,6 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
     app.router.add_get("/metrics", metrics)
     if state.pd is not None:
         app.router.add_post("/pd/release", state.pd.release_route)
+    from laps_jax.server.sglang_api import add_sglang_routes  # (it imports this module)
+    add_sglang_routes(app)
     return app

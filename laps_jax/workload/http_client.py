@@ -19,6 +19,9 @@ from typing import Any
 import aiohttp
 
 
+APIS = ("openai", "sglang")
+
+
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
     """How to replay. ``model=None`` asks the server (``GET /v1/models``) for its first model.
@@ -37,8 +40,11 @@ class ReplayConfig:
     short_threshold: int = 256
     keep_token_ids: bool = False
     progress: bool = True
+    api: str = "openai"  # "sglang": POST /generate (input_ids), for gateways such as smg
 
     def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.deadline_s is not None and not self.deadline_s > 0:
@@ -125,6 +131,36 @@ def _error_message(status: int, body: str) -> str:
         return f"HTTP {status}: {body[:300]}"
 
 
+def request_body(api: str, model: str, prompt_ids: list[int], max_tokens: int
+                 ) -> tuple[str, dict]:
+    """(path, body) of one greedy streamed request: OpenAI's /v1/completions with token ids
+    (and the server's return_token_ids), or SGLang's /generate with input_ids."""
+    if api == "sglang":
+        return "/generate", {"input_ids": prompt_ids, "stream": True, "sampling_params": {
+            "max_new_tokens": max_tokens, "temperature": 0}}
+    return "/v1/completions", {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens,
+                               "temperature": 0, "stream": True, "return_token_ids": True,
+                               "stream_options": {"include_usage": True}}
+
+
+def read_chunk(api: str, chunk: dict, have: int, usage: dict | None):
+    """(new token ids, new text, finish reason or None, usage so far) of one streamed chunk;
+    SGLang's chunks carry the whole answer so far, `have` ids of which were already read."""
+    if api == "sglang":
+        meta = chunk.get("meta_info") or {}
+        finish = (meta.get("finish_reason") or {}).get("type")
+        if meta:
+            usage = {"completion_tokens": meta.get("completion_tokens", 0),
+                     "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
+        return (chunk.get("output_ids") or [])[have:], "", finish, usage
+    new, text, finish = [], "", None
+    for choice in chunk.get("choices") or ():
+        new += choice.get("token_ids") or []
+        text += choice.get("text") or ""
+        finish = choice.get("finish_reason") or finish
+    return new, text, finish, chunk.get("usage") or usage
+
+
 async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: str,
                             prompt_ids: list[int], rec: RequestRecord, config: ReplayConfig,
                             t0: float) -> list[int]:
@@ -132,9 +168,7 @@ async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: s
 
     ``t0`` is the replay's ``time.perf_counter()`` origin (for ``rec.sent_s``).
     """
-    body = {"model": model, "prompt": prompt_ids, "max_tokens": rec.max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True}
+    path, body = request_body(config.api, model, prompt_ids, rec.max_tokens)
     rec.prompt_tokens, rec.error = len(prompt_ids), None
     start = time.perf_counter()
     rec.sent_s = start - t0
@@ -144,7 +178,7 @@ async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: s
     done = False
     try:
         async with asyncio.timeout(config.timeout_s):
-            async with http.post(base_url.rstrip("/") + "/v1/completions", json=body,
+            async with http.post(base_url.rstrip("/") + path, json=body,
                                  headers=config.headers()) as r:
                 rec.status = r.status
                 if r.status != 200:
@@ -160,13 +194,11 @@ async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: s
                         break
                     chunk = json.loads(data)
                     now = time.perf_counter()
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or ():
-                        new = choice.get("token_ids") or []
-                        if new or choice.get("text"):
-                            stamps.append(now)
-                        ids.extend(new)
-                        rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
+                    new, text, finish, usage = read_chunk(config.api, chunk, len(ids), usage)
+                    if new or text:
+                        stamps.append(now)
+                    ids.extend(new)
+                    rec.finish_reason = finish or rec.finish_reason
     except TimeoutError:
         rec.error = f"timeout after {config.timeout_s:g} s"
     except (aiohttp.ClientError, OSError, ValueError) as e:

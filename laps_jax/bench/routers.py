@@ -1,0 +1,266 @@
+"""The live router benchmark: the same arrivals through each router in front of the same
+serve.py instances (scripts/bench_routers.py is its command line).
+
+Instances start once, each held to one CPU thread (`ONE_THREAD_XLA_FLAGS`; optionally pinned
+to a core with `taskset`), and stay up for the whole run; routers start and stop in turn in
+front of them. Before each router's replay every instance's prefix cache is flushed
+(`POST /flush_cache`), so no router inherits the history another one placed: restarting the
+instances would do the same but costs a full compile per router (minutes each on the CPU).
+Each router is a fresh process, so its own cache index starts empty too.
+
+Routers: ours (`scripts/router.py --policy P`; any policy it knows) and the SGLang Model
+Gateway (`smg launch --policy P`). Through smg the replay speaks SGLang's `/generate` with
+token ids (smg's `/v1/completions` takes string prompts only); through ours, OpenAI's
+`/v1/completions` with token ids; the instances run the same engine path for both.
+The order of routers rotates every round so a drifting machine does not always favour the
+same one. Figures: `workload.http_compare.mode_row` (the SLO is a fixed TTFT target, failures
+count as violations); `summarize` gives each figure's median and range over rounds and the
+median of per-round ratios against the reference routers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from laps_jax.bench.report import median_ratio, ratio
+from laps_jax.workload.http_client import ReplayConfig
+from laps_jax.workload.http_compare import free_port, mode_row, wait_ready
+from laps_jax.workload.http_replay import replay
+
+# what a router is judged on, and which way is better
+FIGURES = ("slo_violation_rate", "prefill_latency_ms_mean", "ttft_ms_p90", "ttft_short_ms_p90",
+           "throughput_tokens_per_s", "completed", "failed")
+REFERENCES = ("round-robin", "smg:cache_aware")
+DEFAULT_ROUTERS = ("round-robin", "least-load", "laps", "smg:cache_aware", "smg:round_robin")
+# XLA CPU: one intra-op thread, no multi-threaded Eigen
+ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSpec:
+    """`laps:<policy>` (ours; a bare policy name means ours) or `smg:<policy>`."""
+
+    kind: str
+    policy: str
+
+    @classmethod
+    def parse(cls, name: str) -> "RouterSpec":
+        kind, _, policy = name.rpartition(":")
+        kind = kind or "laps"
+        if kind not in ("laps", "smg") or not policy:
+            raise ValueError(f"router {name!r}: give POLICY (ours) or smg:POLICY")
+        return cls(kind, policy)
+
+    @property
+    def name(self) -> str:
+        return self.policy if self.kind == "laps" else f"smg:{self.policy}"
+
+    @property
+    def api(self) -> str:
+        return "sglang" if self.kind == "smg" else "openai"
+
+    def command(self, urls: list[str], port: int, metrics_port: int) -> list[str]:
+        if self.kind == "smg":
+            exe = shutil.which("smg") or os.path.join(os.path.dirname(sys.executable), "smg")
+            return [exe, "launch", "--worker-urls", *urls, "--policy", self.policy,
+                    "--host", "127.0.0.1", "--port", str(port), "--prometheus-host",
+                    "127.0.0.1", "--prometheus-port", str(metrics_port),
+                    "--shutdown-grace-period-secs", "0", "--log-level", "warn"]
+        inst = [a for u in urls for a in ("--instance", u)]
+        return [sys.executable, os.path.join(ROOT, "scripts", "router.py"), *inst,
+                "--policy", self.policy, "--port", str(port)]
+
+
+class Process:
+    """A child process serving HTTP on loopback, its output in a log file."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: str, env: dict | None = None):
+        self.url, self.log_path = f"http://127.0.0.1:{port}", log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env or dict(os.environ))
+
+    def wait(self, ready, timeout: float) -> None:
+        """Until `ready(url)` is true; raises with the log's tail if it dies or times out."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.url} exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if ready(self.url):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.url} not ready after {timeout:g} s:\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def start_instances(n: int, serve_args: list[str], log_dir: str, cpus: list[int] | None = None,
+                    timeout: float = 1800.0) -> list[Process]:
+    """`n` serve.py processes, one XLA thread each (and one core each, given `cpus`). The
+    first compiles alone; the others then start together and load its executables from the
+    persistent compilation cache instead of compiling the same buckets side by side."""
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " "
+                                      + ONE_THREAD_XLA_FLAGS).strip())
+    procs = []
+    try:
+        for k in range(n):
+            port = free_port()
+            cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--port",
+                   str(port), *serve_args]
+            if cpus:
+                cmd = ["taskset", "-c", str(cpus[k % len(cpus)]), *cmd]
+            procs.append(Process(cmd, port, os.path.join(log_dir, f"instance{k}.log"), env))
+            if k == 0 or k == n - 1:
+                for p in procs:
+                    wait_ready(p.url, p.proc, timeout)
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs
+
+
+def _models_ready(url: str) -> bool:
+    with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+        return r.status == 200 and bool(json.loads(r.read()).get("data"))
+
+
+def start_router(spec: RouterSpec, urls: list[str], log_dir: str, timeout: float = 120.0
+                 ) -> Process:
+    """The router in front of `urls`, once it answers /v1/models with a model (smg registers
+    its workers in the background after it listens) and, for smg, a short settling wait for
+    its first health round over every worker."""
+    port = free_port()
+    p = Process(spec.command(urls, port, free_port()), port,
+                os.path.join(log_dir, f"router_{spec.name.replace(':', '_')}.log"))
+    try:
+        p.wait(_models_ready, timeout)
+        if spec.kind == "smg":
+            p.wait(lambda u: _smg_workers(u) >= len(urls), timeout)
+    except BaseException:
+        p.stop()
+        raise
+    return p
+
+
+def _smg_workers(url: str) -> int:
+    with urllib.request.urlopen(url + "/workers", timeout=2) as r:
+        body = json.loads(r.read())
+    workers = body.get("workers", body) if isinstance(body, dict) else body
+    return sum(1 for w in workers if isinstance(w, dict) and w.get("is_healthy", True))
+
+
+def flush_caches(urls: list[str], timeout: float = 60.0) -> None:
+    """POST /flush_cache to every instance until each answers 200 (400 while it still finishes
+    the previous replay's requests)."""
+    for url in urls:
+        deadline = time.time() + timeout
+        while True:
+            req = urllib.request.Request(url + "/flush_cache", data=b"", method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    if r.status == 200:
+                        break
+            except urllib.error.HTTPError as e:
+                if e.code != 400 or time.time() > deadline:
+                    raise RuntimeError(f"{url}/flush_cache: HTTP {e.code}") from None
+            time.sleep(0.5)
+
+
+def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms: float,
+              short_threshold: int, log_dir: str, log=print) -> dict[str, dict]:
+    """One replay of `work` through each router in turn: {router name: figures}."""
+    urls = [p.url for p in instances]
+    out = {}
+    for spec in routers:
+        flush_caches(urls)
+        router = start_router(spec, urls, log_dir)
+        try:
+            result = asyncio.run(replay(router.url, work, ReplayConfig(
+                short_threshold=short_threshold, progress=False, api=spec.api)))
+        finally:
+            router.stop()
+        out[spec.name] = mode_row(result, slo_ms)
+        log(f"  {spec.name}: " + ", ".join(f"{k}={out[spec.name].get(k)}" for k in FIGURES))
+    return out
+
+
+def rotated(routers: list, k: int) -> list:
+    k %= max(len(routers), 1)
+    return routers[k:] + routers[:k]
+
+
+def summarize(rounds: list[dict[str, dict]]) -> dict:
+    """Per router and figure, the median and [min, max] over rounds; per reference router
+    present, the median over rounds of each round's ratio (router / reference)."""
+    names = list(dict.fromkeys(n for r in rounds for n in r))
+    out: dict = {"routers": {}, "ratios": {}}
+    for name in names:
+        fig = {}
+        for k in FIGURES:
+            xs = [r[name][k] for r in rounds if name in r and r[name].get(k) is not None]
+            fig[k] = ({"median": float(np.median(xs)), "min": float(min(xs)),
+                       "max": float(max(xs))} if xs else None)
+        out["routers"][name] = fig
+    for ref in REFERENCES:
+        if ref not in names:
+            continue
+        out["ratios"][ref] = {name: median_ratio([ratio(r[name], r[ref], FIGURES) for r in rounds
+                                                  if name in r and ref in r])
+                              for name in names}
+    return out
+
+
+def _cell(f: dict | None, pct: bool = False) -> str:
+    if f is None:
+        return "-"
+    show = (lambda x: f"{x:.1%}") if pct else (lambda x: f"{x:,.0f}" if abs(x) >= 100
+                                               else f"{x:.3g}")
+    return f"{show(f['median'])} [{show(f['min'])}, {show(f['max'])}]"
+
+
+def markdown(summary: dict) -> str:
+    """One row per router: median [range] of each figure, then its ratios to the references."""
+    refs = list(summary["ratios"])
+    head = ["router", "SLO viol.", "mean TTFT ms", "p90 TTFT ms", "short p90 TTFT ms",
+            "tok/s", "failed"] + [f"viol. / {r}" for r in refs] + [f"tok/s / {r}" for r in refs]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, f in summary["routers"].items():
+        row = [name, _cell(f["slo_violation_rate"], pct=True),
+               _cell(f["prefill_latency_ms_mean"]), _cell(f["ttft_ms_p90"]),
+               _cell(f["ttft_short_ms_p90"]), _cell(f["throughput_tokens_per_s"]),
+               _cell(f["failed"])]
+        for key in ("slo_violation_rate", "throughput_tokens_per_s"):
+            for r in refs:
+                x = summary["ratios"][r][name].get(key)
+                row.append("-" if x is None else f"{x:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""Live router benchmark: the same arrivals through each router in front of the same serve.py
+instances, several rounds, median and range (laps_jax/bench/routers.py; docs/BENCHMARKS.md).
+
+    python scripts/bench_routers.py --rounds 3 --max-requests 60 --length-scale 0.25 \\
+        --time-scale 0.1 --output-dir runs/routers
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import tempfile
+
+from laps_jax.bench import routers as rb
+from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRACES = (f"azure:{HERE}/../../shared/traces/azure_llm_2023_conv.csv",
+          f"mooncake:{HERE}/../../shared/traces/mooncake_conversation_trace.jsonl",
+          f"sessions:{HERE}/../docs/data/sessions_200.jsonl")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", action="append", metavar="KIND:PATH",
+                    help=f"a trace to replay, KIND one of {', '.join(FORMATS)} (repeat; "
+                         "default: the Azure conversation trace, the Mooncake trace and "
+                         "docs/data/sessions_200.jsonl)")
+    add_trace_args(ap, only=("max_requests", "length_scale", "time_scale"))
+    ap.add_argument("--time-scale-for", action="append", default=[], metavar="KIND=X",
+                    help="--time-scale for one trace kind (repeat), so each trace can be "
+                         "replayed at a comparable load")
+    ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
+                    help="comma-separated: POLICY of scripts/router.py, or smg:POLICY "
+                         "(default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    ap.add_argument("--instances", type=int, default=3, help="serve.py instances (default 3)")
+    ap.add_argument("--model", default="bench-cpu", help="model of every instance (default "
+                    "bench-cpu)")
+    ap.add_argument("--max-model-len", type=int, default=2048,
+                    help="context of every instance; prompts are cut to fit (default 2048)")
+    ap.add_argument("--serve-args", default="", help="more serve.py flags, one string")
+    ap.add_argument("--pin-cpus", default=None, metavar="0,1,2",
+                    help="pin instance k to core k (mod the list) with taskset (default: no "
+                         "pinning; every instance runs one XLA thread either way)")
+    ap.add_argument("--slo-ms", type=float, default=1000.0,
+                    help="TTFT SLO in ms, as compare_modes --http-slo-ms (default 1000)")
+    ap.add_argument("--short-threshold", type=int, default=256,
+                    help="new tokens at or under this count as short (default 256)")
+    ap.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    ap.add_argument("--output-dir", required=True)
+    args = ap.parse_args(argv)
+    args.trace = args.trace or list(TRACES)
+    try:
+        args.routers = [rb.RouterSpec.parse(n.strip()) for n in args.routers.split(",")
+                        if n.strip()]
+        args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
+    except (ValueError, IndexError) as e:
+        ap.error(str(e))
+    try:
+        args.time_scale_for = {k: float(x) for k, x in
+                               (kv.split("=", 1) for kv in args.time_scale_for)}
+    except ValueError:
+        ap.error("--time-scale-for takes KIND=NUMBER")
+    bad = [k for k, _ in args.trace + list(args.time_scale_for.items()) if k not in FORMATS]
+    if bad or args.rounds < 1 or args.instances < 1:
+        ap.error(f"bad --trace kind {bad}" if bad else "--rounds and --instances must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from laps_jax.config import resolve_model
+    vocab = resolve_model(args.model)[0].vocab_size
+    serve_args = ["--model", args.model, "--max-model-len", str(args.max_model_len),
+                  *shlex.split(args.serve_args)]
+    works = {}
+    for kind, path in args.trace:
+        opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
+                                       seed=args.seed)
+        if kind in args.time_scale_for:
+            opts = dataclasses.replace(opts, time_scale=args.time_scale_for[kind])
+        works[kind] = load(kind, path, opts)
+    os.makedirs(args.output_dir, exist_ok=True)
+    logs = tempfile.mkdtemp(prefix="bench_routers_", dir=args.output_dir)
+    cpus = [int(c) for c in args.pin_cpus.split(",")] if args.pin_cpus else None
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"starting {args.instances} instances ({' '.join(serve_args)}); logs in {logs}")
+    instances = rb.start_instances(args.instances, serve_args, logs, cpus)
+    rounds: dict[str, list] = {kind: [] for kind in works}
+    try:
+        for r in range(args.rounds):
+            for kind, work in works.items():
+                say(f"round {r + 1}/{args.rounds}, {kind}")
+                rounds[kind].append(rb.run_round(work, instances, rb.rotated(args.routers, r),
+                                                 args.slo_ms, args.short_threshold, logs, say))
+    finally:
+        for p in instances:
+            p.stop()
+    out = {"args": {k: v for k, v in vars(args).items() if k != "routers"},
+           "routers": [s.name for s in args.routers], "xla_flags": rb.ONE_THREAD_XLA_FLAGS,
+           "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
+                      for kind, rs in rounds.items()}}
+    with open(os.path.join(args.output_dir, "routers.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
+                   for kind, v in out["traces"].items())
+    with open(os.path.join(args.output_dir, "routers.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

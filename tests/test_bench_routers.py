@@ -1,0 +1,95 @@
+"""The live router benchmark's arithmetic (laps_jax/bench/routers.py) on synthetic records:
+SLO violations (failures count), mean and short p90 TTFT, medians and ranges over rounds, the
+median of per-round ratios; and the routers' command lines. No process starts."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from laps_jax.bench import routers as rb
+from laps_jax.workload.http_client import RequestRecord, read_chunk, request_body
+from laps_jax.workload.http_compare import mode_row
+from laps_jax.workload.http_replay import ReplayResult, summarize_records
+
+
+def _result(ttfts_ms, new_tokens, failed=0) -> ReplayResult:
+    recs = []
+    for k, (t, n) in enumerate(zip(ttfts_ms, new_tokens)):
+        recs.append(RequestRecord(str(k), k * 0.1, 4, prompt_tokens=n, new_tokens=n,
+                                  sent_s=k * 0.1, output_tokens=4, ttft_s=t / 1e3,
+                                  e2e_s=t / 1e3 + 0.05, status=200, finish_reason="length",
+                                  error=None))
+    recs += [RequestRecord(f"f{k}", 9.0, 4, status=503, error="HTTP 503") for k in range(failed)]
+    return ReplayResult({}, summarize_records(recs, short_threshold=256), recs)
+
+
+def test_mode_row_counts_violations_and_failures():
+    rng = random.Random(5)
+    ttft = [rng.uniform(10, 3000) for _ in range(57)]
+    new = [rng.choice([20, 100, 800, 1500]) for _ in ttft]
+    row = mode_row(_result(ttft, new, failed=3), slo_ms=1000.0)
+    assert row["slo_violation_rate"] == pytest.approx((sum(t > 1000 for t in ttft) + 3) / 60)
+    assert row["prefill_latency_ms_mean"] == pytest.approx(np.mean(ttft))
+    short = [t for t, n in zip(ttft, new) if n <= 256]
+    assert row["ttft_short_ms_p90"] == pytest.approx(np.percentile(short, 90), abs=1e-3)
+    assert (row["completed"], row["failed"]) == (57, 3)
+
+
+def _round(scale: dict[str, float], rng) -> dict[str, dict]:
+    return {name: {"slo_violation_rate": 0.2 * s * rng.uniform(0.9, 1.1),
+                   "prefill_latency_ms_mean": 500 * s, "ttft_ms_p90": 900 * s,
+                   "ttft_short_ms_p90": 300 * s, "throughput_tokens_per_s": 1000 / s,
+                   "completed": 60, "failed": 0} for name, s in scale.items()}
+
+
+def test_summary_medians_ranges_and_median_of_ratios():
+    rng = random.Random(1)
+    scale = {"round-robin": 1.0, "laps": 0.7, "smg:cache_aware": 0.8}
+    rounds = [_round(scale, rng) for _ in range(5)]
+    del rounds[2]["laps"]  # a router missing in a round is skipped there, not zero
+    s = rb.summarize(rounds)
+    v = [r["laps"]["slo_violation_rate"] for r in rounds if "laps" in r]
+    got = s["routers"]["laps"]["slo_violation_rate"]
+    assert got == {"median": pytest.approx(np.median(v)), "min": min(v), "max": max(v)}
+    want = np.median([r["laps"]["slo_violation_rate"] / r["round-robin"]["slo_violation_rate"]
+                      for r in rounds if "laps" in r])
+    assert s["ratios"]["round-robin"]["laps"]["slo_violation_rate"] == pytest.approx(want)
+    assert s["ratios"]["smg:cache_aware"]["laps"]["ttft_ms_p90"] == pytest.approx(0.7 / 0.8)
+    assert s["ratios"]["round-robin"]["round-robin"]["throughput_tokens_per_s"] == 1.0
+    assert s["ratios"]["round-robin"]["laps"]["failed"] == 1.0  # 0 / 0: no difference
+    table = rb.markdown(s)
+    assert table.count("\n") == 2 + 3 and "| laps | " in table and "viol. / round-robin" in table
+    only_ours = rb.summarize([{"laps": rounds[0]["laps"]}])
+    assert only_ours["ratios"] == {}
+
+
+def test_router_specs_commands_and_rotation():
+    assert rb.RouterSpec.parse("laps") == rb.RouterSpec("laps", "laps")
+    smg = rb.RouterSpec.parse("smg:cache_aware")
+    assert (smg.name, smg.api) == ("smg:cache_aware", "sglang")
+    cmd = smg.command(["http://a:1", "http://b:2"], 9000, 9001)
+    assert cmd[1:6] == ["launch", "--worker-urls", "http://a:1", "http://b:2", "--policy"]
+    assert "127.0.0.1" in cmd and "9001" in cmd  # its metrics port stays on loopback
+    ours = rb.RouterSpec.parse("least-load").command(["http://a:1"], 9000, 9001)
+    assert ours[-6:] == ["--instance", "http://a:1", "--policy", "least-load", "--port", "9000"]
+    for bad in ("nginx:x", "smg:", ""):
+        with pytest.raises(ValueError):
+            rb.RouterSpec.parse(bad)
+    assert rb.rotated([1, 2, 3], 4) == [2, 3, 1] and rb.rotated([], 2) == []
+
+
+def test_sglang_stream_chunks_read_as_new_tokens():
+    path, body = request_body("sglang", "m", [5, 6], 3)
+    assert path == "/generate" and body["sampling_params"]["max_new_tokens"] == 3
+    usage = None
+    seen: list[int] = []
+    for out, fin in (([9], None), ([9, 8], None), ([9, 8, 7], {"type": "length"})):
+        new, _, finish, usage = read_chunk("sglang", {"output_ids": out, "meta_info": {
+            "finish_reason": fin, "completion_tokens": len(out), "cached_tokens": 16}},
+            len(seen), usage)
+        seen += new
+    assert seen == [9, 8, 7] and finish == "length"
+    assert usage == {"completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 16}}
