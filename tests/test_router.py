@@ -160,14 +160,14 @@ def test_pick_follows_the_cached_history_and_counts_load():
     r = _router()
     history = list(range(200, 264))
     r.instances[1].blocks.add(history)
-    k, new = r.pick(Estimate(history + [5, 6, 7], 67, False), set())
+    k, new, _ = r.pick(Estimate(history + [5, 6, 7], 67, False), set())
     assert k == 1 and new == 67 - 64
     # without history: least load, counted from the reports plus what was sent since
     r.instances[0].load.report(500, 0.0)
     r.instances[1].load.report(0, 0.0)
     r.instances[1].load.sent(600, time.monotonic())
-    assert r.pick(Estimate(None, 10, False), set()) == (0, 10)
-    assert r.pick(Estimate(None, 10, False), {0}) == (1, 10)
+    assert r.pick(Estimate(None, 10, False), set()) == (0, 10, True)
+    assert r.pick(Estimate(None, 10, False), {0}) == (1, 10, True)
 
 
 def test_pick_answers_503_when_no_instance_can_take_it():
@@ -246,7 +246,7 @@ def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
         assert headers["Retry-After"] == "1"
         with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
             st = json.loads(r.read())
-        assert st["policy"] == "length-aware" and st["instances"][0]["state"] == "down"
+        assert st["policy"] == "laps" and st["instances"][0]["state"] == "down"
         assert st["instances"][0]["group"] == "short"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -605,3 +605,16 @@ def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(clu
     for _ in range(2):
         assert post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})[0] == 200
     assert routed.status()["instances"][k]["routed"] == before + 1
+
+
+def test_threshold_comes_from_the_instances_unless_given():
+    from laps_jax.cluster.upstream import MetricsReport
+    r = _router(2, "laps")
+    assert r.threshold == 256  # nothing reported yet
+    for k, t in enumerate((96, 128)):
+        r.instances[k].mark_ok(MetricsReport(pending_tokens=0.0, threshold=t), 0.0)
+    assert r.threshold == 96 and r.status()["threshold_from"] == "instances"
+    assert r.pick(Estimate(None, 100, False), set())[2] is False  # 100 > 96: long
+    assert _router(2, "laps", threshold=300).threshold == 300
+    assert parse_metrics(METRICS + "laps_short_threshold_tokens 176.0\n").threshold == 176
+    assert parse_metrics(METRICS).pending_short == 12.0
