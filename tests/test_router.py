@@ -263,10 +263,12 @@ WORDS = ("apple river stone cloud seven orange quiet laptop mountain signal gard
 class RouterThread:
     """The router app in this process, on its own event-loop thread, on a free port."""
 
-    def __init__(self, urls, policy="round-robin", tokenizer=None, api_key=None, **kw):
+    def __init__(self, urls, policy="round-robin", tokenizer=None, api_key=None,
+                 config: RouterConfig | None = None, **kw):
         from laps_jax.cluster.http_router import create_router_app
         from laps_jax.server.http_runner import make_runner
-        self.router = HTTPRouter(urls, RouterConfig(policy=policy), tokenizer=tokenizer, **kw)
+        self.router = HTTPRouter(urls, config or RouterConfig(policy=policy),
+                                 tokenizer=tokenizer, **kw)
         self.app = create_router_app(self.router, api_key)
         self.runner = make_runner(self.app, 30.0, access_log=None, handler_cancellation=True)
         self.loop = asyncio.new_event_loop()
@@ -468,6 +470,45 @@ def test_laps_sends_short_and_long_work_to_their_groups(cluster):
                 "prompt": [rng.randrange(3, 1000) for _ in range(n)], "max_tokens": 2})
             assert status == 200, body
             assert r.status()["instances"][k]["routed"] == before + 1
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
+def test_a_skewed_burst_moves_an_instance_to_the_long_group_and_back(cluster):
+    """laps with its groups on fast settings. Each group keeps one instance, so two instances
+    could never move: the router gets three entries, the third a second route to instance 0
+    (its load is reported twice, which the policy tolerates). Long prompts only: the short
+    share of the compute falls to ~0 and one short entry joins the long group; a pause (the
+    long work decays over tau) and then short prompts only: one long entry comes back."""
+    from laps_jax.cluster.groups import GroupSettings
+    _, procs = cluster
+    fast = GroupSettings(share_tau_s=0.5, hysteresis=0.0, dwell_s=0.3, move_interval_s=0.2)
+    r = RouterThread([procs[0].url, procs[1].url, procs[0].url], threshold=32,
+                     config=RouterConfig(policy="laps", groups=fast))
+    rng = random.Random(9)
+
+    def burst(n_tokens: int, count: int) -> None:
+        for _ in range(count):
+            status, body, _ = post(r.url, "/v1/completions", {
+                "prompt": [rng.randrange(3, 1000) for _ in range(n_tokens)], "max_tokens": 1})
+            assert status == 200, body
+            time.sleep(0.05)
+
+    def sizes() -> tuple[int, int]:
+        groups = [i["group"] for i in r.status()["instances"]]
+        return groups.count("short"), groups.count("long")
+    try:
+        r.wait(lambda s: s["healthy"] == 3, what="three healthy entries")
+        assert sizes() == (2, 1)
+        burst(120, 8)
+        st = r.status()
+        assert sizes() == (1, 2) and st["moves"] == 1, st
+        time.sleep(2.5)  # the long work decays (e^-5) and the dwell passes
+        burst(8, 10)
+        st = r.status()
+        assert sizes() == (2, 1) and st["moves"] == 2, st
+        assert [g[1:] for g in st["group_sizes"][-2:]] == [[1, 2], [2, 1]]
     finally:
         r.close()
 
