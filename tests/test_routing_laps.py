@@ -102,8 +102,14 @@ def test_the_history_holder_wins_while_its_load_allows():
     args = dict(short_loads=[0.0, 0.0])
     # 1,000 tokens, 900 cached on i1: 1 s of work there, 10 s elsewhere
     assert p.choose(1000, [0, 900], [3.0, 8.0], 0.0, **args).instance == 1
-    c = p.choose(1000, [0, 900], [0.0, 12.0], 0.0, **args)  # too busy: the whole prompt counts
+    # i0 would finish at 10 s, i1 at 13 s; but i0 recomputes 9 s of history, work taken
+    # from the other requests (harm 1): 19 s against 13 s
+    assert p.choose(1000, [0, 900], [0.0, 12.0], 0.0, **args).instance == 1
+    c = p.choose(1000, [0, 900], [0.0, 20.0], 0.0, **args)  # too busy: the whole prompt counts
     assert (c.instance, c.new_tokens, c.cached_tokens) == (0, 1000, 0)
+    p0 = laps(2, harm=0.0)  # without the charge, the earlier finish alone decides
+    p0.group[:] = [LONG, LONG]
+    assert p0.choose(1000, [0, 900], [0.0, 12.0], 0.0, **args).instance == 0
 
 
 def test_long_work_enters_the_short_group_past_a_margin_or_when_an_instance_idles():

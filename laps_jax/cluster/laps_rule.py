@@ -16,11 +16,16 @@ unless every one does):
                request's + at most one chunk of the larger (the long pool runs the least
                remaining first)
     finish_i = wait_i + cost(new_i, cached_i) + margin when i is in the other group
+    key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
 
-and the request goes to the least `finish_i`. The margin is `spill_s` (one full prefill step)
+and the request goes to the least `key_i`. The margin is `spill_s` (one full prefill step)
 for long work entering the short group — zero when that instance is idle, so an idle instance
 of either group takes the other group's work — and `cross_s` for short work entering the long
-group. The groups follow the compute (`groups.Groups`).
+group. The last term charges history recomputed away from its holder as work taken from the
+other requests, as the delay a long request adds to larger queued ones is (`harm`): without
+it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simulated H200
+study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
+no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
 """
 
 from __future__ import annotations
@@ -78,13 +83,17 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
     spill_s *= share  # protect the short group as far as there is short work
     members = [i for i in range(n) if inp.ok[i] and not groups.draining[i]]
     members = members or [i for i in range(n) if inp.ok[i]]
-    best: tuple | None = None
+    shape = {}  # instance -> (short, predicted cost there)
     for i in members:
         new = max(inp.prompt_len - inp.cached[i], 1)
         short = is_short(new, inp.cached[i])
+        shape[i] = short, cost(new, inp.cached[i], short)
+    least = min(c for _, c in shape.values())
+    best: tuple | None = None
+    for i in members:
+        short, c = shape[i]
         kind = SHORT if short else LONG
         long_left = max(inp.loads[i] - inp.short_loads[i], 0.0)
-        c = cost(new, inp.cached[i], short)
         if short:
             ahead = min(long_left, chunk_s)
         elif inp.long_items is None:
@@ -98,7 +107,7 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
         margin = 0.0
         if cross:
             margin = cross_s if short else (0.0 if inp.loads[i] <= IDLE_S else spill_s)
-        key = (wait + c + margin, tie(i))
+        key = (wait + c + margin + harm * (c - least), tie(i))
         if best is None or key < best[0]:
             best = (key, LapsDecision(i, short, c, cross))
     d = best[1]

@@ -52,7 +52,8 @@ class RouterConfig:
     spill_s: float | None = None         # cross-group margin (None: one full step; inf: never)
     groups: GroupSettings = dataclasses.field(default_factory=GroupSettings)  # laps
     cross_s: float = 0.0                 # laps: margin for short work on a long instance
-    harm: float = 1.0                    # laps: weight of the delay a request adds to larger ones
+    harm: float = 1.0                    # laps: weight of the delay a request adds to larger
+                                         # ones and of the history it recomputes off its holder
     cache_aware: CacheAwareSettings = dataclasses.field(default_factory=CacheAwareSettings)
 
     def __post_init__(self) -> None:
