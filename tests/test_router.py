@@ -160,14 +160,14 @@ def test_pick_follows_the_cached_history_and_counts_load():
     r = _router()
     history = list(range(200, 264))
     r.instances[1].blocks.add(history)
-    k, new = r.pick(Estimate(history + [5, 6, 7], 67, False), set())
+    k, new, _ = r.pick(Estimate(history + [5, 6, 7], 67, False), set())
     assert k == 1 and new == 67 - 64
     # without history: least load, counted from the reports plus what was sent since
     r.instances[0].load.report(500, 0.0)
     r.instances[1].load.report(0, 0.0)
     r.instances[1].load.sent(600, time.monotonic())
-    assert r.pick(Estimate(None, 10, False), set()) == (0, 10)
-    assert r.pick(Estimate(None, 10, False), {0}) == (1, 10)
+    assert r.pick(Estimate(None, 10, False), set()) == (0, 10, True)
+    assert r.pick(Estimate(None, 10, False), {0}) == (1, 10, True)
 
 
 def test_pick_answers_503_when_no_instance_can_take_it():
@@ -246,7 +246,7 @@ def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
         assert headers["Retry-After"] == "1"
         with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
             st = json.loads(r.read())
-        assert st["policy"] == "length-aware" and st["instances"][0]["state"] == "down"
+        assert st["policy"] == "laps" and st["instances"][0]["state"] == "down"
         assert st["instances"][0]["group"] == "short"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -263,10 +263,12 @@ WORDS = ("apple river stone cloud seven orange quiet laptop mountain signal gard
 class RouterThread:
     """The router app in this process, on its own event-loop thread, on a free port."""
 
-    def __init__(self, urls, policy="round-robin", tokenizer=None, api_key=None, **kw):
+    def __init__(self, urls, policy="round-robin", tokenizer=None, api_key=None,
+                 config: RouterConfig | None = None, **kw):
         from laps_jax.cluster.http_router import create_router_app
         from laps_jax.server.http_runner import make_runner
-        self.router = HTTPRouter(urls, RouterConfig(policy=policy), tokenizer=tokenizer, **kw)
+        self.router = HTTPRouter(urls, config or RouterConfig(policy=policy),
+                                 tokenizer=tokenizer, **kw)
         self.app = create_router_app(self.router, api_key)
         self.runner = make_runner(self.app, 30.0, access_log=None, handler_cancellation=True)
         self.loop = asyncio.new_event_loop()
@@ -473,6 +475,45 @@ def test_laps_sends_short_and_long_work_to_their_groups(cluster):
 
 
 @pytest.mark.slow
+def test_a_skewed_burst_moves_an_instance_to_the_long_group_and_back(cluster):
+    """laps with its groups on fast settings. Each group keeps one instance, so two instances
+    could never move: the router gets three entries, the third a second route to instance 0
+    (its load is reported twice, which the policy tolerates). Long prompts only: the short
+    share of the compute falls to ~0 and one short entry joins the long group; a pause (the
+    long work decays over tau) and then short prompts only: one long entry comes back."""
+    from laps_jax.cluster.groups import GroupSettings
+    _, procs = cluster
+    fast = GroupSettings(share_tau_s=0.5, hysteresis=0.0, dwell_s=0.3, move_interval_s=0.2)
+    r = RouterThread([procs[0].url, procs[1].url, procs[0].url], threshold=32,
+                     config=RouterConfig(policy="laps", groups=fast))
+    rng = random.Random(9)
+
+    def burst(n_tokens: int, count: int) -> None:
+        for _ in range(count):
+            status, body, _ = post(r.url, "/v1/completions", {
+                "prompt": [rng.randrange(3, 1000) for _ in range(n_tokens)], "max_tokens": 1})
+            assert status == 200, body
+            time.sleep(0.05)
+
+    def sizes() -> tuple[int, int]:
+        groups = [i["group"] for i in r.status()["instances"]]
+        return groups.count("short"), groups.count("long")
+    try:
+        r.wait(lambda s: s["healthy"] == 3, what="three healthy entries")
+        assert sizes() == (2, 1)
+        burst(120, 8)
+        st = r.status()
+        assert sizes() == (1, 2) and st["moves"] == 1, st
+        time.sleep(2.5)  # the long work decays (e^-5) and the dwell passes
+        burst(8, 10)
+        st = r.status()
+        assert sizes() == (2, 1) and st["moves"] == 2, st
+        assert [g[1:] for g in st["group_sizes"][-2:]] == [[1, 2], [2, 1]]
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
 def test_aborted_requests_free_the_instance_pages(cluster, routed):
     _, procs = cluster
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
@@ -605,3 +646,16 @@ def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(clu
     for _ in range(2):
         assert post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})[0] == 200
     assert routed.status()["instances"][k]["routed"] == before + 1
+
+
+def test_threshold_comes_from_the_instances_unless_given():
+    from laps_jax.cluster.upstream import MetricsReport
+    r = _router(2, "laps")
+    assert r.threshold == 256  # nothing reported yet
+    for k, t in enumerate((96, 128)):
+        r.instances[k].mark_ok(MetricsReport(pending_tokens=0.0, threshold=t), 0.0)
+    assert r.threshold == 96 and r.status()["threshold_from"] == "instances"
+    assert r.pick(Estimate(None, 100, False), set())[2] is False  # 100 > 96: long
+    assert _router(2, "laps", threshold=300).threshold == 300
+    assert parse_metrics(METRICS + "laps_short_threshold_tokens 176.0\n").threshold == 176
+    assert parse_metrics(METRICS).pending_short == 12.0

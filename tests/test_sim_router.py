@@ -104,3 +104,39 @@ def test_generated_sessions_keep_their_lengths_at_any_rate():
     assert scale == 1.0 and list(a.new_token_counts()) == list(b.new_token_counts())
     starts = lambda w: [s.arrival_s for s in w.sessions.sessions]
     assert starts(b)[-1] == pytest.approx(starts(a)[-1] / 4)
+
+
+def _skewed_burst(policy: str) -> tuple[list, list]:
+    """Four laps instances; six long prompts (1,024 tokens, ~0.43 s each alone) at once, then
+    40 short ones (24 tokens) every 2 ms; SLO 5x each request's isolated prefill. The stats of
+    the long requests and of the short ones."""
+    async def main():
+        clock = SimClock()
+        ds = [build_dispatcher(spec("laps", long_chunk_ratio=0.25), CFG, MODEL, clock, f"i{i}")
+              for i in range(4)]
+        r = Router(ds, RouterConfig(policy=policy, affinity_ratio=None), clock)
+        await r.start()
+        hs = []
+        for i, n in enumerate([1024] * 6 + [24] * 40):
+            hs.append(r.submit(_prompt(n, 30 + i), SamplingParams(max_tokens=1),
+                               slo=5 * MODEL.predict_prefill(n, 0)))
+            if n == 24:
+                await clock.sleep(0.002)
+        stats = [await h.result() for h in hs]
+        await r.stop()
+        return stats[:6], stats[6:]
+    return run_simulated(main())
+
+
+def test_laps_beats_least_load_on_a_skewed_burst():
+    """Least-load sends the short requests to the instances with the fewest pending tokens, two
+    of which hold a long prompt each: every short request there waits behind long chunks and a
+    growing short queue. laps prices a short request's wait as the short work ahead plus one
+    long chunk, so it spreads them: none misses its SLO, and the long ones are not slower."""
+    ll_long, ll_short = _skewed_burst("least-load")
+    lp_long, lp_short = _skewed_burst("laps")
+    missed = lambda st: sum(bool(s.slo_violated) for s in st)
+    p90 = lambda st: sorted(s.ttft for s in st)[int(0.9 * len(st))]
+    assert missed(lp_short) == 0 and missed(ll_short) >= 10
+    assert p90(lp_short) < 0.6 * p90(ll_short)
+    assert max(s.ttft for s in lp_long) < 1.1 * max(s.ttft for s in ll_long)

@@ -1,16 +1,19 @@
 """The network router: serve.py's OpenAI API in front of several serve.py instances.
 
     app = create_router_app(HTTPRouter(["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
-                                       RouterConfig(policy="length-aware")))
+                                       RouterConfig(policy="laps")))
 
 `POST /v1/completions` and `POST /v1/chat/completions` (streams passed through as they come),
 `GET /v1/models` (an instance's answer), `GET /health` (200 while some instance is in the
 rotation), `GET /metrics` (the router's own), `GET /router/status` (JSON: each instance's URL,
 group, health and load).
 
-Routing: `policy.RoutingPolicy` over the healthy instances that are not full, fed with each
-instance's load (pending prefill tokens: instances.py, upstream.py) and the prefix of the
-prompt its cache is expected to hold (`upstream.BlockIndex`). That needs the prompt's token ids:
+Routing: `policy.RoutingPolicy` (the same object the simulator's router uses: moves,
+hysteresis, dwell and draining show in /router/status) over the healthy instances that are not
+full, fed with each instance's load (pending prefill tokens, and of them short ones:
+instances.py, upstream.py), its requests in flight, and the prefix of the prompt its cache is
+expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
+the one the instances report from their latency profiles (`laps_short_threshold_tokens`). That needs the prompt's token ids:
 a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
 (and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
 does. Without a tokenizer the router estimates a text's tokens from its length
@@ -49,6 +52,8 @@ CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenize
 ANY_VOCAB = 1 << 31      # token ids are range-checked by the instance, not here
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
 PARSE_THREADS = 2
+FALLBACK_THRESHOLD = 256  # until an instance reports its own
+GROUPED = ("length-aware", "laps")  # policies with short and long groups
 
 
 class Estimate:
@@ -89,17 +94,20 @@ class HTTPRouter:
     split = None  # cluster/pd_router.py's PDSplit: requests go prefill -> decode
 
     def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
-                 tokenizer=None, threshold: int = 256, spill_tokens: float = 2048.0,
-                 max_inflight: int = 256, instance_api_key: str | None = None):
+                 tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
+                 chunk_tokens: float = 512.0, max_inflight: int = 256,
+                 instance_api_key: str | None = None):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
-        self.config = dataclasses.replace(  # loads are tokens here: threshold and margin too
-            config, threshold=threshold if config.threshold is None else config.threshold,
-            spill_s=spill_tokens if config.spill_s is None else config.spill_s)
+        self.fixed_threshold = threshold if config.threshold is None else config.threshold
+        # loads are tokens here: the threshold (None: the instances', below) and margins too
+        self.config = dataclasses.replace(
+            config, spill_s=spill_tokens if config.spill_s is None else config.spill_s)
         self.instances = [Instance(u.rstrip("/")) for u in urls]
-        self.policy = RoutingPolicy(len(urls), self.config, lambda new, cached: new <= threshold,
-                                    self.config.spill_s)
+        self.policy = RoutingPolicy(len(urls), self.config,
+                                    lambda new, cached: new <= self.threshold,
+                                    self.config.spill_s, chunk_tokens)
         self.tokenizer, self.max_inflight = tokenizer, max_inflight
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
@@ -139,11 +147,21 @@ class HTTPRouter:
             self._pollers[k] = asyncio.create_task(
                 poll_forever(self.instances[k], self.session, self.upstream_headers))
 
-    def group(self, k: int) -> str | None:
-        return self.policy.group[k] if self.config.policy == "length-aware" else None
+    @property
+    def threshold(self) -> int:
+        """`--threshold` if given, else the smallest short/long cut the healthy instances report
+        (`laps_short_threshold_tokens`, from their latency profiles), else FALLBACK_THRESHOLD."""
+        if self.fixed_threshold is not None:
+            return self.fixed_threshold
+        reported = [i.report.threshold for i in self.instances
+                    if i.healthy and i.report is not None and i.report.threshold is not None]
+        return min(reported) if reported else FALLBACK_THRESHOLD
 
-    def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int]:
-        """(instance, new tokens there) for a request, or a 503 when none can take it."""
+    def group(self, k: int) -> str | None:
+        return self.policy.group[k] if self.config.policy in GROUPED else None
+
+    def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int, bool]:
+        """(instance, new tokens there, short) for a request, or a 503 when none can take it."""
         eligible = [i.healthy and k not in exclude and len(i.inflight) < self.max_inflight
                     for k, i in enumerate(self.instances)]
         if not any(eligible):
@@ -155,15 +173,21 @@ class HTTPRouter:
         cached = (cached_prefixes(est.ids, [i.blocks for i in self.instances])
                   if est.ids else [0] * len(self.instances))
         loads = [i.load.load for i in self.instances]
-        c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible)
-        return c.instance, max(est.tokens - c.cached_tokens, 0)
+        c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible,
+                               short_loads=[i.load.short_load for i in self.instances],
+                               inflight=[len(i.inflight) for i in self.instances])
+        return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
     def status(self) -> dict:
         s = self.policy.stats
-        return {"policy": self.config.policy, "threshold": self.config.threshold,
-                "healthy": sum(i.healthy for i in self.instances),
+        draining = self.policy.draining()
+        return {"policy": self.config.policy, "threshold": self.threshold,
+                "threshold_from": "--threshold" if self.fixed_threshold is not None else
+                "instances", "healthy": sum(i.healthy for i in self.instances),
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
-                "instances": [i.status(self.group(k)) for k, i in enumerate(self.instances)]}
+                "group_sizes": [list(g) for g in s.groups[-20:]],
+                "instances": [i.status(self.group(k), draining[k])
+                              for k, i in enumerate(self.instances)]}
 
 
 ROUTER = web.AppKey("router", HTTPRouter)
@@ -180,10 +204,10 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     tried: set[int] = set()
     while True:
-        k, new = router.pick(est, tried)
+        k, new, short = router.pick(est, tried)
         inst = router.instances[k]
         inst.routed += 1
-        inst.load.sent(new, time.monotonic())
+        inst.load.sent(new, time.monotonic(), short)
         if est.ids and inst.blocks is not None:
             inst.blocks.add(est.ids)
         try:

@@ -1,6 +1,6 @@
 """The routing policy in front of dispatchers in this process (the simulator's instances).
 
-    router = Router([d0, d1, d2, d3], RouterConfig(policy="length-aware"))
+    router = Router([d0, d1, d2, d3], RouterConfig(policy="laps"))
     await router.start()
     handle = router.submit(prompt_ids, params, slo=0.5)   # same API as Dispatcher.submit
     await router.stop()
@@ -65,8 +65,8 @@ class Router:
         self.clock = clock or self.d[0].clock
         self.cost = cost or self._default_cost
         self.policy = RoutingPolicy(len(self.d), self.config, self.d[0].derived.is_short,
-                                    self._full_step())
-        self.pending: list[list[tuple[Request, float, int]]] = [[] for _ in self.d]
+                                    self._full_step(), self._chunk(), self.cost)
+        self.pending: list[list[tuple[Request, float, int, bool]]] = [[] for _ in self.d]
 
     @property
     def stats(self):
@@ -93,12 +93,16 @@ class Router:
                arrival_time: float | None = None, slo: float | None = None,
                request_id: str | None = None) -> RequestHandle:
         prompt = [int(t) for t in prompt]
-        loads = [self.load(i) for i in range(len(self.d))]
+        n = range(len(self.d))
+        loads = [self.load(i) for i in n]
         c = self.policy.choose(len(prompt), cached_prefixes(prompt, self.d), loads,
-                               self.clock.now())
+                               self.clock.now(), short_loads=[self.load(i, True) for i in n],
+                               inflight=[len(self.pending[i]) for i in n],
+                               long_items=[self.long_items(i) for i in n])
         h = self.d[c.instance].submit(prompt, params, arrival_time, slo, request_id)
         self.pending[c.instance].append(
-            (h.request, self.cost(c.new_tokens, c.cached_tokens, c.short), c.new_tokens))
+            (h.request, self.cost(c.new_tokens, c.cached_tokens, c.short), c.new_tokens,
+             c.short))
         return h
 
     # -- what the policy is fed -----------------------------------------------------------
@@ -118,15 +122,31 @@ class Router:
             return float(grid.max_batch_tokens)
         return model.predict(StepShape.exact((min(grid.max_chunk, grid.max_batch_tokens),)))
 
-    def load(self, i: int) -> float:
-        """Pending prefill work of instance i in cost units (seconds with a latency model)."""
+    def _chunk(self) -> float | None:
+        """Seconds of one long chunk (what a short request may wait out behind long work)."""
+        model = self.d[0].model
+        if model is None:
+            return None
+        return model.predict(StepShape.exact((self.d[0].derived.long_budget,)))
+
+    def _left(self, r: Request, cost: float, new: int) -> float:
+        left = r.seq.remaining_prefill if r.seq.pages is not None else new
+        return cost * min(1.0, left / max(new, 1))
+
+    def long_items(self, i: int) -> list[float]:
+        """Remaining work of each pending long request of instance i (after `load(i)`)."""
+        return [self._left(r, cost, new) for r, cost, new, short in self.pending[i] if not short]
+
+    def load(self, i: int, short_only: bool = False) -> float:
+        """Pending prefill work of instance i in cost units (seconds with a latency model);
+        with `short_only`, of its short requests only."""
         live, total = [], 0.0
-        for r, cost, new in self.pending[i]:
+        for r, cost, new, short in self.pending[i]:
             if r.stats.prefill_done is not None or r.done:
                 continue
-            live.append((r, cost, new))
-            left = r.seq.remaining_prefill if r.seq.pages is not None else new
-            total += cost * min(1.0, left / max(new, 1))
+            live.append((r, cost, new, short))
+            if short or not short_only:
+                total += self._left(r, cost, new)
         self.pending[i] = live
         return total
 

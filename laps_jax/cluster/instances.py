@@ -70,17 +70,20 @@ class Instance:
     def mark_ok(self, report: MetricsReport, poll_started: float) -> None:
         self.state, self.last_error, self.last_ok = "ok", None, time.monotonic()
         self.report = report
-        self.load.report(report.pending_tokens or 0.0, poll_started)
+        self.load.report(report.pending_tokens or 0.0, poll_started, report.pending_short)
         if report.block_size and (self.blocks is None or
                                   self.blocks.block_size != report.block_size):
             self.blocks = BlockIndex(report.block_size, report.num_blocks)
 
-    def status(self, group: str | None) -> dict:
+    def status(self, group: str | None, draining: bool = False) -> dict:
         r = self.report
-        return {"url": self.url, "group": group, "healthy": self.healthy, "state": self.state,
+        return {"url": self.url, "group": group, "draining": draining,
+                "healthy": self.healthy, "state": self.state,
                 "last_error": self.last_error, "load": self.load.load,
                 "reported_pending_tokens": self.load.reported,
                 "sent_since_poll_tokens": self.load.since_poll,
+                "short_load": self.load.short_load,
+                "threshold": r.threshold if r else None,
                 "inflight": len(self.inflight), "routed": self.routed,
                 "block_size": r.block_size if r else None,
                 "indexed_blocks": len(self.blocks) if self.blocks is not None else 0,

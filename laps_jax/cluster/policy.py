@@ -2,7 +2,13 @@
 
 - `round-robin`: plain data parallelism.
 - `least-load`: the instance with the least pending prefill work.
-- `length-aware` (LAPS): instances form a short group and a long group. A request is short when
+- `laps` (default): the instance where the request is predicted to finish its prefill first,
+  with short and long groups sized by their share of the compute, an idle instance taking the
+  other group's work, and moves with hysteresis, dwell and draining (`laps_rule.py`,
+  `groups.py`).
+- `prefix`: a cache-aware baseline that decides as the SGLang Model Gateway's `cache_aware`
+  does (`cache_aware.py`).
+- `length-aware` (the LAPS reference router, kept for the committed study): instances form a short group and a long group. A request is short when
   its new tokens after the best prefix-cache match are at or under the threshold; it goes to the
   least-loaded instance of its group, unless an instance of the other group has less pending
   work by more than `spill_s` (default: one full prefill step): then it goes there, so that a
@@ -12,9 +18,10 @@
   group keeps at least one; at most one move per interval), as the LAPS reference router does
   with its pending counts.
 
-All policies share one prefix-affinity rule (unless `affinity_ratio` is None): a request whose
+round-robin, least-load and length-aware share one prefix-affinity rule (unless `affinity_ratio` is None): a request whose
 prompt is at least that share cached on some instance goes there, since anywhere else it would
-recompute its history. So the policies differ only in where uncached work goes.
+recompute its history. So those three differ only in where uncached work goes; `laps` weighs the history
+against the load instead, and `prefix` has the gateway's own rule.
 
 Load is pending prefill work in the caller's units (predicted seconds with a latency model);
 the policy never measures anything itself, so the in-process router and a network router feed
@@ -26,9 +33,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence as Seq
 
+from laps_jax.cluster.cache_aware import CacheAwareSettings, pick_cache_aware
+from laps_jax.cluster.groups import Groups, GroupSettings
+from laps_jax.cluster.laps_rule import LapsInputs, pick_laps
 from laps_jax.scheduler.request import LONG, SHORT
 
-POLICIES = ("round-robin", "least-load", "length-aware")
+POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix")
 
 
 @dataclasses.dataclass
@@ -40,6 +50,11 @@ class RouterConfig:
     rebalance_ratio: float = 2.0
     threshold: int | None = None         # None: the instances' own (latency-model) threshold
     spill_s: float | None = None         # cross-group margin (None: one full step; inf: never)
+    groups: GroupSettings = dataclasses.field(default_factory=GroupSettings)  # laps
+    cross_s: float = 0.0                 # laps: margin for short work on a long instance
+    harm: float = 1.0                    # laps: weight of the delay a request adds to larger
+                                         # ones and of the history it recomputes off its holder
+    cache_aware: CacheAwareSettings = dataclasses.field(default_factory=CacheAwareSettings)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -68,19 +83,24 @@ class Choice:
 class RoutingPolicy:
     """One of `POLICIES` over `n` instances. `is_short(new, cached)` is the instances' own
     short/long cut (overridden by `config.threshold`); `full_step_s` is one full prefill step
-    in load units (the default cross-group margin)."""
+    in load units (the default cross-group margin); `chunk_s` the long chunk a short request
+    may wait out on an instance with long work (laps; default a quarter step); `cost(new,
+    cached, short)` a request's predicted prefill in load units (laps; default: new tokens)."""
 
     def __init__(self, n: int, config: RouterConfig, is_short: Callable[[int, int], bool],
-                 full_step_s: float):
+                 full_step_s: float, chunk_s: float | None = None,
+                 cost: Callable[[int, int, bool], float] | None = None):
         if n < 1:
             raise ValueError("a router needs at least one instance")
         self.n, self.config = n, config
         t = config.threshold
         self.is_short = is_short if t is None else (lambda new, cached: new <= t)
-        n_short = min(max(1, round(n * config.short_fraction)), n - 1) if n > 1 else 1
-        self.group = [SHORT if i < n_short else LONG for i in range(n)]
+        self.groups = Groups.split(n, config.short_fraction, config.groups)
+        self.group = self.groups.group  # one list: laps' moves show here too
         self.stats = RouterStats([0] * n)
         self.spill_s = full_step_s if config.spill_s is None else config.spill_s
+        self.chunk_s = full_step_s / 4 if chunk_s is None else chunk_s
+        self.cost = cost or (lambda new, cached, short: float(new))
         self._rr = 0
         self._last_rebalance: float | None = None
 
@@ -89,15 +109,28 @@ class RoutingPolicy:
         return s, len(self.group) - s
 
     def choose(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float,
-               eligible: Seq[bool] | None = None) -> Choice:
+               eligible: Seq[bool] | None = None, short_loads: Seq[float] | None = None,
+               inflight: Seq[int] | None = None,
+               long_items: Seq[Seq[float]] | None = None) -> Choice:
         """The instance for a prompt of `prompt_len` tokens, given each instance's cached
         prefix of it and its pending prefill work. `eligible` (default: all) leaves out the
         instances that cannot take work now (a network router's unhealthy or full ones); with
-        every instance eligible the choice is the same as without it."""
+        every instance eligible the choice is the same as without it. `short_loads`: the part
+        of each load that is short work (laps; default none); `inflight`: requests in flight
+        on each instance (prefix; default: none); `long_items`: each instance's pending long
+        requests' remaining work (laps; default: only their sum is known)."""
         if eligible is not None and not any(eligible):
             raise ValueError("no eligible instance")
-        i = self._pick(prompt_len, cached, loads, now,
-                       (lambda k: True) if eligible is None else (lambda k: bool(eligible[k])))
+        ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
+        p = self.config.policy
+        if p == "laps" and self.n > 1:
+            i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items)
+        elif p == "prefix":
+            i, by_cache = pick_cache_aware(prompt_len, cached, inflight or [0] * self.n,
+                                           self.stats.routed, ok, self.config.cache_aware)
+            self.stats.by_affinity += by_cache
+        else:
+            i = self._pick(prompt_len, cached, loads, now, ok)
         self.stats.routed[i] += 1
         new = prompt_len - cached[i]
         return Choice(i, new, cached[i], self.is_short(new, cached[i]))
@@ -132,6 +165,27 @@ class RoutingPolicy:
                 self.stats.spilled += 1
                 return j
         return i
+
+    def _pick_laps(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float,
+                   ok: Callable[[int], bool], short_loads: Seq[float] | None,
+                   long_items: Seq[Seq[float]] | None = None) -> int:
+        before = len(self.groups.moves)
+        inp = LapsInputs(prompt_len, cached, loads,
+                         [0.0] * self.n if short_loads is None else short_loads,
+                         [ok(k) for k in range(self.n)], long_items)
+        d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
+                      self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
+                      self.config.harm)
+        self._rr = (d.instance + 1) % self.n
+        for _ in self.groups.moves[before:]:
+            self.stats.moves += 1
+            self.stats.groups.append((now, *self.group_sizes()))
+        self.stats.spilled += d.cross
+        return d.instance
+
+    def draining(self) -> list[bool]:
+        """laps: the instances finishing their old kind of work after a move."""
+        return list(self.groups.draining)
 
     def _least_loaded(self, members: Seq[int], loads: Seq[float]) -> int:
         order = sorted(members, key=lambda i: (loads[i], (i - self._rr) % self.n))

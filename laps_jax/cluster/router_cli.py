@@ -9,7 +9,7 @@ import sys
 
 from aiohttp import web
 
-POLICY_NAMES = {"laps": "length-aware", "length-aware": "length-aware",
+POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load"}
 
 
@@ -33,21 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode", action="append", default=[], metavar="URL",
                     help="a serve.py --role decode instance (repeat)")
     ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps",
-                    help="laps (= length-aware, default): short requests (new tokens after the "
-                         "cached prefix at or under --threshold) to the short group, the rest "
-                         "to the long group, least-loaded inside the group; round-robin; "
-                         "least-load: least pending prefill tokens. All of them send a request "
-                         "to the instance that caches at least half of its prompt")
+                    help="laps (default): the instance where the request's prefill is "
+                         "predicted to finish first (the history holder counts only the new "
+                         "tokens), with short and long groups (new tokens after the cached "
+                         "prefix at or under the threshold: short) sized by their share of the "
+                         "pending work, moved with hysteresis, a dwell time and draining; "
+                         "prefix: cache-aware like the SGLang gateway's cache_aware (best "
+                         "prefix match over half the prompt, else least requests in flight); "
+                         "length-aware: the LAPS reference router (fixed groups, one move per "
+                         "5 s on a 2x pending ratio; laps before this version); round-robin; "
+                         "least-load: least pending prefill tokens. round-robin, least-load and "
+                         "length-aware send a request to the instance caching half its prompt")
     ap.add_argument("--tokenizer", default=None, metavar="DIR",
                     help="the instances' model (or tokenizer) directory: text prompts and chat "
                          "messages are tokenized as serve.py does, for prefix affinity and "
                          "exact new-token counts; without it text length estimates the tokens "
                          "and requests are routed without prefix affinity")
-    ap.add_argument("--threshold", type=int, default=256,
-                    help="new tokens at or under which a request is short (default 256)")
+    ap.add_argument("--threshold", type=int, default=None,
+                    help="new tokens at or under which a request is short (default: what the "
+                         "instances report in /metrics as laps_short_threshold_tokens, from "
+                         "their latency profiles; 256 until one does)")
     ap.add_argument("--spill-tokens", type=float, default=2048.0,
-                    help="laps: a request goes to the other group when an instance there has "
-                         "this many fewer pending prefill tokens (default 2048; inf: never)")
+                    help="laps, length-aware: a long request goes to the short group when an "
+                         "instance there has this many fewer pending prefill tokens (default "
+                         "2048; inf: never; laps scales it by short work's share)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")

@@ -14,7 +14,8 @@ without processes.
   instance's block size), least recently used first out past the instance's block count, as
   the engine evicts. `cached_prefixes` turns the indexes into the "cached prefix of this prompt
   on each instance" that the routing policy takes.
-- `parse_metrics`: the gauges of an instance's /metrics text the router reads.
+- `parse_metrics`: the gauges of an instance's /metrics text the router reads (with the
+  instance's own short/long threshold, `laps_short_threshold_tokens`).
 """
 
 from __future__ import annotations
@@ -30,31 +31,38 @@ from laps_jax.engine.kv_cache import block_hash
 
 class LoadBook:
     def __init__(self) -> None:
-        self.reported = 0.0
-        self._sent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens)
+        self.reported = self.reported_short = 0.0
+        self._sent: collections.deque[tuple[float, int, bool]] = collections.deque()
 
-    def sent(self, tokens: int, now: float) -> None:
-        """The router sent a request with `tokens` new tokens at `now`."""
-        self._sent.append((now, max(int(tokens), 0)))
+    def sent(self, tokens: int, now: float, short: bool = False) -> None:
+        """The router sent a request with `tokens` new tokens (short or not) at `now`."""
+        self._sent.append((now, max(int(tokens), 0), short))
 
-    def report(self, pending_tokens: float, poll_started: float) -> None:
-        """The instance reported `pending_tokens` in a poll sent at `poll_started`: what was
-        sent before then is in the report."""
+    def report(self, pending_tokens: float, poll_started: float,
+               pending_short: float | None = None) -> None:
+        """The instance reported `pending_tokens` (of which `pending_short` in its short pool)
+        in a poll sent at `poll_started`: what was sent before then is in the report."""
         self.reported = max(float(pending_tokens), 0.0)
+        self.reported_short = min(max(float(pending_short or 0.0), 0.0), self.reported)
         while self._sent and self._sent[0][0] < poll_started:
             self._sent.popleft()
 
     def clear(self) -> None:
-        self.reported = 0.0
+        self.reported = self.reported_short = 0.0
         self._sent.clear()
 
     @property
     def since_poll(self) -> int:
-        return sum(t for _, t in self._sent)
+        return sum(t for _, t, _ in self._sent)
 
     @property
     def load(self) -> float:
         return self.reported + self.since_poll
+
+    @property
+    def short_load(self) -> float:
+        """The part of `load` that is short work (the instance's short pool + short sends)."""
+        return self.reported_short + sum(t for _, t, short in self._sent if short)
 
 
 def prompt_hashes(tokens: Seq[int], block_size: int, limit: int | None = None) -> list[bytes]:
@@ -126,6 +134,8 @@ class MetricsReport:
     running: float | None = None           # vllm:num_requests_running
     kv_usage: float | None = None          # vllm:kv_cache_usage_perc
     pages_used: float | None = None        # laps_kv_pages_used, summed over engines
+    pending_short: float | None = None     # laps_pending_prefill_tokens{pool="short"}
+    threshold: int | None = None           # laps_short_threshold_tokens
 
 
 def parse_metrics(text: str) -> MetricsReport:
@@ -141,6 +151,10 @@ def parse_metrics(text: str) -> MetricsReport:
                 setattr(r, simple[s.name], float(s.value))
             elif s.name in summed:
                 setattr(r, summed[s.name], (getattr(r, summed[s.name]) or 0.0) + float(s.value))
+            if s.name == "laps_pending_prefill_tokens" and s.labels.get("pool") == "short":
+                r.pending_short = (r.pending_short or 0.0) + float(s.value)
+            elif s.name == "laps_short_threshold_tokens":
+                r.threshold = int(s.value)
             elif s.name == "vllm:cache_config_info":
                 try:
                     r.block_size = int(s.labels["block_size"])

@@ -106,6 +106,10 @@ class _Live:
         for pool in sorted({p for lane in m.lanes for p in lane.pending_prefill_tokens}):
             pending.add_metric([pool], m.pending_tokens(pool))
         yield pending
+        yield GaugeMetricFamily("laps_short_threshold_tokens", "New tokens at or under which a "
+                                "request with no cached prefix is short (this instance's "
+                                "latency-model cut; routers read it)",
+                                value=self.dispatcher.derived.threshold(0))
 
 
 # per-lane counters: (metric name, help, LaneCounters attribute)

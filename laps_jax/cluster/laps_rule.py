@@ -1,0 +1,115 @@
+"""The `laps` routing decision: the instance where a request is predicted to finish its prefill
+first, with short and long groups that keep long work away from short requests.
+
+Why not plain least-load: on a laps instance a short request runs before any queued long work,
+so what it waits for is the instance's pending *short* work plus at most one long chunk (the
+step in progress), not the instance's whole queue; a long request waits for everything ahead
+of it. And an instance with no long work at all gives a short request no chunk to wait out:
+that is what the short group is for. So for each eligible instance `i` (none that drains,
+unless every one does):
+
+    new_i    = prompt - cached_i          (the history holder computes only the new part;
+                                           elsewhere the whole prompt counts)
+    wait_i   = short_i + min(long_i, chunk)   for a short request (by new_i)
+             = short_i + long_i                for a long one, or, when the caller knows
+               each pending long request's work: short_i + the long work smaller than this
+               request's + at most one chunk of the larger (the long pool runs the least
+               remaining first)
+    finish_i = wait_i + cost(new_i, cached_i) + margin when i is in the other group
+    key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
+
+and the request goes to the least `key_i`. The margin is `spill_s` (one full prefill step)
+for long work entering the short group — zero when that instance is idle, so an idle instance
+of either group takes the other group's work — and `cross_s` for short work entering the long
+group. The last term charges history recomputed away from its holder as work taken from the
+other requests, as the delay a long request adds to larger queued ones is (`harm`): without
+it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simulated H200
+study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
+no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence as Seq
+
+from laps_jax.cluster.groups import Groups
+from laps_jax.scheduler.request import LONG, SHORT
+
+IDLE_S = 1e-9
+
+
+@dataclasses.dataclass
+class LapsInputs:
+    """What the rule needs to know about every instance (load units: the caller's, seconds of
+    predicted prefill in the simulator, tokens in the network router)."""
+
+    prompt_len: int
+    cached: Seq[int]
+    loads: Seq[float]          # pending prefill work, both pools
+    short_loads: Seq[float]    # of which short
+    ok: Seq[bool]              # eligible
+    long_items: Seq[Seq[float]] | None = None  # each pending long request's remaining work
+
+
+@dataclasses.dataclass
+class LapsDecision:
+    instance: int
+    short: bool
+    cost: float
+    cross: bool                # sent to the other group's instance
+
+
+def old_kind_left(groups: Groups, inp: LapsInputs) -> Callable[[int], float]:
+    """Pending work of the kind an instance is leaving (the opposite of its group)."""
+    return lambda i: (inp.loads[i] - inp.short_loads[i] if groups.group[i] == SHORT
+                      else inp.short_loads[i])
+
+
+def pending_of(inp: LapsInputs) -> Callable[[int, str], float]:
+    return lambda i, kind: (inp.short_loads[i] if kind == SHORT
+                            else inp.loads[i] - inp.short_loads[i])
+
+
+def pick_laps(inp: LapsInputs, groups: Groups, now: float,
+              is_short: Callable[[int, int], bool], cost: Callable[[int, int, bool], float],
+              chunk_s: float, spill_s: float, cross_s: float,
+              tie: Callable[[int], int], harm: float = 0.0) -> LapsDecision:
+    n = len(inp.loads)
+    groups.update_draining(old_kind_left(groups, inp))
+    total_short = sum(inp.short_loads)
+    share = groups.short_share(total_short, sum(inp.loads) - total_short, now)
+    groups.rebalance(now, share, inp.ok, pending_of(inp))
+    spill_s *= share  # protect the short group as far as there is short work
+    members = [i for i in range(n) if inp.ok[i] and not groups.draining[i]]
+    members = members or [i for i in range(n) if inp.ok[i]]
+    shape = {}  # instance -> (short, predicted cost there)
+    for i in members:
+        new = max(inp.prompt_len - inp.cached[i], 1)
+        short = is_short(new, inp.cached[i])
+        shape[i] = short, cost(new, inp.cached[i], short)
+    least = min(c for _, c in shape.values())
+    best: tuple | None = None
+    for i in members:
+        short, c = shape[i]
+        kind = SHORT if short else LONG
+        long_left = max(inp.loads[i] - inp.short_loads[i], 0.0)
+        if short:
+            ahead = min(long_left, chunk_s)
+        elif inp.long_items is None:
+            ahead = long_left
+        else:  # the long pool runs the least remaining first: larger work waits, but for a chunk
+            smaller = sum(x for x in inp.long_items[i] if x <= c)
+            ahead = smaller + min(long_left - smaller, chunk_s)
+            ahead += harm * c * sum(x > c for x in inp.long_items[i])
+        wait = inp.short_loads[i] + ahead
+        cross = groups.group[i] != kind
+        margin = 0.0
+        if cross:
+            margin = cross_s if short else (0.0 if inp.loads[i] <= IDLE_S else spill_s)
+        key = (wait + c + margin + harm * (c - least), tie(i))
+        if best is None or key < best[0]:
+            best = (key, LapsDecision(i, short, c, cross))
+    d = best[1]
+    groups.observe(SHORT if d.short else LONG, d.cost, now)
+    return d
