@@ -87,3 +87,37 @@ def engine_for(checkpoint):
         return made[name, layer_loop]
 
     return get
+
+
+SERVED_MODEL = "ckpt"  # --served-model-name of the `cluster` instances
+
+
+@pytest.fixture(scope="session")
+def cluster(checkpoint):
+    """Two serve.py instances (started together) and the checkpoint they serve, shared by the
+    router and gateway tests (a test that restarts one puts the new process in the list)."""
+    import threading
+
+    from server_utils import ServerProcess
+    path = checkpoint("gqa2_untied")
+    procs, errors = [None, None], []
+
+    def start(k):
+        try:
+            procs[k] = ServerProcess(path, "--served-model-name", SERVED_MODEL)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for p in procs:
+            if p is not None:
+                p.stop()
+        raise errors[0]
+    yield path, procs
+    for p in procs:
+        p.stop()

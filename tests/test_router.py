@@ -255,7 +255,7 @@ def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
 
 # -- slow: two real serve.py instances behind the router -----------------------------------
 
-MODEL = "ckpt"
+from conftest import SERVED_MODEL as MODEL  # noqa: E402 (the `cluster` fixture serves it)
 WORDS = ("apple river stone cloud seven orange quiet laptop mountain signal garden window "
          "yellow engine pocket silver").split()
 
@@ -352,34 +352,6 @@ def stream_text(events, kind: str) -> str:
 def pages_used(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         return parse_metrics(r.read().decode()).pages_used
-
-
-@pytest.fixture(scope="module")
-def cluster(checkpoint):
-    """Two serve.py instances (started together) and the checkpoint they serve."""
-    from server_utils import ServerProcess
-    path = checkpoint("gqa2_untied")
-    procs, errors = [None, None], []
-
-    def start(k):
-        try:
-            procs[k] = ServerProcess(path, "--served-model-name", MODEL)
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=start, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        for p in procs:
-            if p is not None:
-                p.stop()
-        raise errors[0]
-    yield path, procs
-    for p in procs:
-        p.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from laps_jax.bench.routers import RouterSpec, start_router
-from test_router import MODEL, cluster, post, sse, stream_text  # noqa: F401 (cluster: fixture)
+from test_router import MODEL, post, sse, stream_text
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def _smg_cannot_run() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def gateway(cluster, tmp_path_factory):  # noqa: F811
+def gateway(cluster, tmp_path_factory):
     why = _smg_cannot_run()
     if why:
         pytest.skip(why + "; install the test extra (pip install smg)")
@@ -41,7 +41,7 @@ def gateway(cluster, tmp_path_factory):  # noqa: F811
     g.stop()
 
 
-def test_completion_chat_stream_and_generate_through_smg(cluster, gateway):  # noqa: F811
+def test_completion_chat_stream_and_generate_through_smg(cluster, gateway):
     _, procs = cluster
     body = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0}
     status, direct, _ = post(procs[0].url, "/v1/completions", body)
