@@ -36,6 +36,10 @@ def test_mode_row_counts_violations_and_failures():
     short = [t for t, n in zip(ttft, new) if n <= 256]
     assert row["ttft_short_ms_p90"] == pytest.approx(np.percentile(short, 90), abs=1e-3)
     assert (row["completed"], row["failed"]) == (57, 3)
+    from laps_jax.bench.routers import failure_counts
+    recs = _result(ttft[:4], new[:4], failed=3).requests
+    recs[0].status, recs[0].error = 0, "timeout after 120 s"  # one more, another cause
+    assert failure_counts(recs) == {"HTTP 503": 3, "timeout after 120 s": 1}
 
 
 def _round(scale: dict[str, float], rng) -> dict[str, dict]:

@@ -21,6 +21,7 @@ median of per-round ratios against the reference routers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import os
@@ -209,8 +210,18 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         finally:
             router.stop()
         out[spec.name] = mode_row(result, slo_ms)
-        log(f"  {spec.name}: " + ", ".join(f"{k}={out[spec.name].get(k)}" for k in FIGURES))
+        errors = failure_counts(result.requests)
+        if errors:  # kept in routers.json: a failure is a violation, and its cause matters
+            out[spec.name]["errors"] = errors
+        log(f"  {spec.name}: " + ", ".join(f"{k}={out[spec.name].get(k)}" for k in FIGURES)
+            + (f"; errors: {errors}" if errors else ""))
     return out
+
+
+def failure_counts(requests, most: int = 5) -> dict[str, int]:
+    """The commonest client-side errors of a replay's failed requests, with their counts."""
+    return dict(collections.Counter(r.error or "unknown" for r in requests
+                                    if not r.ok).most_common(most))
 
 
 def rotated(routers: list, k: int) -> list:
