@@ -121,6 +121,16 @@ class Dispatcher:
         prompt = [int(t) for t in prompt]
         for lane in self.lanes:
             lane.executor.check(prompt, params.max_tokens)
+        r = self.register(prompt, params, arrival_time, slo, request_id)
+        r.pd_offer = offer_kv  # a prefill instance's request: hand its K/V over (pd.py)
+        self._route(r).submit(r)
+        return r.handle
+
+    def register(self, prompt: list[int], params: SamplingParams,
+                 arrival_time: float | None = None, slo: float | None = None,
+                 request_id: str | None = None) -> Request:
+        """A new live request with its stats and handle, not yet in any lane (`submit`
+        routes it; the decode side of a prefill/decode split adopts it, scheduler/pd.py)."""
         now = self.clock.now()
         arrival = now if arrival_time is None else arrival_time
         stats = RequestStats(request_id or new_request_id(), arrival, len(prompt), slo_s=slo,
@@ -128,11 +138,9 @@ class Dispatcher:
         r = Request(Sequence(prompt, params), stats,
                     deadline=arrival + slo if slo is not None else float("inf"))
         r.handle = RequestHandle(r, self.abort)
-        r.pd_offer = offer_kv  # a prefill instance's request: hand its K/V over (pd.py)
         self.live[stats.request_id] = r
         self.counts["submitted"] += 1
-        self._route(r).submit(r)
-        return r.handle
+        return r
 
     def abort(self, r: Request | RequestHandle | str) -> None:
         """Aborts a request (its handle, the request, or its id); a no-op once finished."""

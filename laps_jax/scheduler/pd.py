@@ -19,8 +19,8 @@ import dataclasses
 import logging
 import time
 
-from laps_jax.engine.sequence import SamplingParams, Sequence, Status, TokenLogprobs
-from laps_jax.scheduler.request import Request, RequestHandle, RequestStats, new_request_id
+from laps_jax.engine.sequence import SamplingParams, Status, TokenLogprobs
+from laps_jax.scheduler.request import Request, RequestHandle
 
 log = logging.getLogger(__name__)
 ROLES = ("both", "prefill", "decode")
@@ -136,13 +136,9 @@ class Adopter:
         Without an offer the first token ended the request (`finish_reason`): it is answered
         with that token alone."""
         d = self.dispatcher
-        now = d.clock.now()
-        stats = RequestStats(new_request_id(), now, len(prompt), submitted=now)
-        r = Request(Sequence(list(prompt), params), stats)
-        r.handle = RequestHandle(r, d.abort)
+        r = d.register(list(prompt), params)
+        stats, now = r.stats, r.stats.submitted
         r.lane, stats.lane = self.lane, self.lane.name
-        d.live[stats.request_id] = r
-        d.counts["submitted"] += 1
         if offer is None:
             r.seq.output.append(first.token_id)
             r.seq.logprobs.append(first)
