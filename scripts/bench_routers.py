@@ -16,6 +16,7 @@ import sys
 import tempfile
 
 from laps_jax.bench import routers as rb
+from laps_jax.bench.isolated import measure as measure_isolated
 from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,8 +48,13 @@ def parse_args(argv):
     ap.add_argument("--pin-cpus", default=None, metavar="0,1,2",
                     help="pin instance k to core k (mod the list) with taskset (default: no "
                          "pinning; every instance runs one XLA thread either way)")
+    ap.add_argument("--slo-scale", type=float, default=5.0,
+                    help="each request's TTFT SLO is this x its isolated TTFT, measured on an "
+                         "idle instance before the replays, as the simulator's --slo-scale "
+                         "(default 5; 0: only the fixed --slo-ms)")
     ap.add_argument("--slo-ms", type=float, default=1000.0,
-                    help="TTFT SLO in ms, as compare_modes --http-slo-ms (default 1000)")
+                    help="a fixed TTFT target for every request, reported beside the SLO "
+                         "(as compare_modes --http-slo-ms; default 1000)")
     ap.add_argument("--short-threshold", type=int, default=256,
                     help="new tokens at or under this count as short (default 256)")
     ap.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
@@ -67,6 +73,8 @@ def parse_args(argv):
     except ValueError:
         ap.error("--time-scale-for takes KIND=NUMBER")
     bad = [k for k, _ in args.trace + list(args.time_scale_for.items()) if k not in FORMATS]
+    if args.slo_scale < 0 or args.slo_ms <= 0:
+        ap.error("--slo-scale must be >= 0 and --slo-ms > 0")
     if bad or args.rounds < 1 or args.instances < 1:
         ap.error(f"bad --trace kind {bad}" if bad else "--rounds and --instances must be >= 1")
     return args
@@ -92,17 +100,27 @@ def main(argv: list[str] | None = None) -> int:
     say(f"starting {args.instances} instances ({' '.join(serve_args)}); logs in {logs}")
     instances = rb.start_instances(args.instances, serve_args, logs, cpus)
     rounds: dict[str, list] = {kind: [] for kind in works}
+    isolated, target_ms = None, None
     try:
+        if args.slo_scale > 0:
+            say("timing isolated TTFT on an idle instance")
+            isolated = measure_isolated(instances[0].url, vocab, args.max_model_len - 2)
+            say("isolated TTFT ms: " + ", ".join(f"{n}: {m:.0f}" for n, m in
+                                                 zip(isolated.tokens, isolated.ms)))
+            target_ms = lambda rec: args.slo_scale * isolated(rec.new_tokens)  # noqa: E731
         for r in range(args.rounds):
             for kind, work in works.items():
                 say(f"round {r + 1}/{args.rounds}, {kind}")
                 rounds[kind].append(rb.run_round(work, instances, rb.rotated(args.routers, r),
-                                                 args.slo_ms, args.short_threshold, logs, say))
+                                                 args.slo_ms, args.short_threshold, logs, say,
+                                                 tag=f"{kind}_r{r + 1}",
+                                                 target_ms=target_ms))
     finally:
         for p in instances:
             p.stop()
     out = {"args": {k: v for k, v in vars(args).items() if k != "routers"},
            "routers": [s.name for s in args.routers], "xla_flags": rb.ONE_THREAD_XLA_FLAGS,
+           "isolated_ttft": isolated.to_json() if isolated else None,
            "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
                       for kind, rs in rounds.items()}}
     with open(os.path.join(args.output_dir, "routers.json"), "w") as f:

@@ -42,6 +42,27 @@ def test_mode_row_counts_violations_and_failures():
     assert failure_counts(recs) == {"HTTP 503": 3, "timeout after 120 s": 1}
 
 
+def test_each_request_has_its_own_slo_from_the_isolated_ttft():
+    """The SLO is `scale` x the isolated TTFT at the request's own new tokens (linear between
+    measured points, flat past them); the fixed target is reported beside it."""
+    from laps_jax.bench.isolated import IsolatedTTFT, ladder
+    iso = IsolatedTTFT((8, 64, 512, 2046), (20.0, 30.0, 200.0, 800.0))
+    assert iso(1) == 20.0 and iso(9999) == 800.0
+    assert iso(288) == pytest.approx(115.0)  # halfway from 64 to 512
+    rng = random.Random(11)
+    new = [rng.choice([5, 40, 300, 1200, 3000]) for _ in range(80)]
+    ttft = [rng.uniform(0.5, 8.0) * iso(n) for n in new]
+    row = rb.figures(_result(ttft, new, failed=2), 1000.0, lambda r: 5.0 * iso(r.new_tokens))
+    assert row["slo_violation_rate"] == pytest.approx(
+        (sum(t > 5.0 * iso(n) for t, n in zip(ttft, new)) + 2) / 82)
+    assert row["fixed_slo_violation_rate"] == pytest.approx(
+        (sum(t > 1000.0 for t in ttft) + 2) / 82)
+    assert rb.figures(_result(ttft, new), 1000.0)["slo_violation_rate"] == pytest.approx(
+        sum(t > 1000.0 for t in ttft) / 80)  # no isolated times: the fixed target
+    steps = ladder(2046)
+    assert steps[0] == 8 and steps[-1] == 2046 and steps == sorted(set(steps))
+
+
 def _round(scale: dict[str, float], rng) -> dict[str, dict]:
     return {name: {"slo_violation_rate": 0.2 * s * rng.uniform(0.9, 1.1),
                    "prefill_latency_ms_mean": 500 * s, "ttft_ms_p90": 900 * s,

@@ -43,6 +43,34 @@ def test_load_book_counts_what_was_sent_since_the_poll_began():
     assert b.load == 0 and b.since_poll == 0
 
 
+def test_load_book_drops_a_prefill_when_its_first_token_is_back():
+    """Own work counts from sending to first token, with no poll between; the report adds
+    only work the router did not send, and caps the router's older open work."""
+    b = LoadBook()
+    a, c = b.sent(300, now=1.0), b.sent(40, now=1.1, short=True)
+    assert b.load == 340 and b.short_load == 40
+    b.prefilled(a, now=1.2)  # its first token came back: at once, not at the next poll
+    assert b.load == 40 and b.short_load == 40
+    # a poll begun at 1.15 (the 300 still open then): 900 reported, 250 of it short,
+    # so 900 - 340 = 560 are another client's, 210 of them short
+    b.report(900, poll_started=1.15, pending_short=250)
+    assert b.foreign == 560 and b.foreign_short == 210
+    assert b.load == 40 + 560 and b.short_load == 40 + 210
+    b.prefilled(c, now=1.3)
+    assert b.load == 560
+    # the instance did an open request's prefill before its token reached the router (a
+    # non-streamed answer): the next report holds less than the router's own open work
+    d = b.sent(500, now=2.0)
+    b.report(100, poll_started=2.5)
+    assert b.load == 100 and b.foreign == 0
+    b.prefilled(d, now=3.0)
+    b.prefilled(d, now=3.1)  # twice (the proxy's finally): nothing more happens
+    assert b.load == 0
+    b.sent(5, 10.0)
+    b.clear()
+    assert b.load == 0
+
+
 @pytest.mark.parametrize("page_size", [4, 8, 16])
 def test_block_index_hashes_as_the_engine_prefix_cache(page_size):
     """The router's estimate of an instance's cached prefix equals what the engine's own

@@ -207,15 +207,18 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         k, new, short = router.pick(est, tried)
         inst = router.instances[k]
         inst.routed += 1
-        inst.load.sent(new, time.monotonic(), short)
+        ticket = inst.load.sent(new, time.monotonic(), short)
         if est.ids and inst.blocks is not None:
             inst.blocks.add(est.ids)
+        prefilled = lambda: inst.load.prefilled(ticket, time.monotonic())  # noqa: E731
         try:
             return await relay(request, router.session, inst, path, raw, est.stream,
-                               router.upstream_headers)
+                               router.upstream_headers, on_first=prefilled)
         except InstanceDown as e:  # refused before anything was sent: try another one
             inst.mark_down(str(e))
             tried.add(k)
+        finally:
+            prefilled()
 
 
 async def completions(request: web.Request):

@@ -63,8 +63,11 @@ class PDSplit:
         path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
         k, p = _least(self._ok(self.prefill), lambda c: (c[1].load.load, len(c[1].inflight)))
         p.routed += 1
-        p.load.sent(est.tokens, time.monotonic())
-        status, body = await self._prefill(p, path, raw)
+        ticket = p.load.sent(est.tokens, time.monotonic())
+        try:
+            status, body = await self._prefill(p, path, raw)
+        finally:  # the prefill leg's answer is its prefill done
+            p.load.prefilled(ticket, time.monotonic())
         if status != 200:  # the instance's own answer (a 4xx for bad input reads the same)
             return web.Response(body=body, status=status, content_type="application/json")
         hand = json.loads(body)

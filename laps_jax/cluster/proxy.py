@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -51,7 +52,11 @@ def _gone_error(inst: Instance, why: str) -> APIError:
 
 
 async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Instance,
-                path: str, raw: bytes, stream: bool, headers: dict) -> web.StreamResponse:
+                path: str, raw: bytes, stream: bool, headers: dict,
+                on_first: Callable[[], None] | None = None) -> web.StreamResponse:
+    """`on_first` is called once the first token is back (the first chunk of a stream, or
+    the whole answer): the router's load book stops counting the request's prefill."""
+    on_first = on_first or (lambda: None)
     down = asyncio.get_running_loop().create_future()
     inst.inflight.add(down)
     up = None
@@ -66,6 +71,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
         if not (stream and up.status == 200
                 and up.headers.get("Content-Type", "").startswith("text/event-stream")):
             body = await _race(up.read(), down)
+            on_first()
             return web.Response(body=body, status=up.status, headers=out_headers)
         resp = web.StreamResponse(status=200, headers=out_headers)
         await resp.prepare(request)
@@ -74,6 +80,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
             chunk = await _race(up.content.readany(), down)
             if not chunk:
                 break
+            on_first()
             await resp.write(chunk)
             tail = (tail + chunk)[-len(DONE):]
         if tail != DONE:

@@ -3,12 +3,10 @@
 Plain bookkeeping, no I/O (the poller and the proxy in http_router.py feed it), so it is tested
 without processes.
 
-- `LoadBook`: an instance's pending prefill tokens as the router counts them: what the
-  instance last reported (`laps_pending_prefill_tokens`, summed over its pools) plus the new
-  tokens the router sent it since the poll that produced the report began. Work sent before
-  the poll began is in the report (the instance counts a request it has not admitted yet in
-  full, as pool "admission"); a request still in the instance's HTTP parser at that moment is
-  missed until the next poll, half a second later.
+- `LoadBook`: an instance's pending prefill tokens as the router counts them: its own
+  requests from sending until their first token comes back, plus what the instance's last
+  report (`laps_pending_prefill_tokens`, summed over its pools; a request not admitted yet
+  counts in full, as pool "admission") holds beyond the router's own work.
 - `BlockIndex`: the chained hashes of the full token blocks of every prompt routed to an
   instance, hashed as the engine hashes its prefix cache (`engine.kv_cache.block_hash`, the
   instance's block size), least recently used first out past the instance's block count, as
@@ -30,39 +28,83 @@ from laps_jax.engine.kv_cache import block_hash
 
 
 class LoadBook:
+    """Pending prefill tokens on one instance, as fresh as the router can know them.
+
+    The router's own requests count from the moment it sends them until their first token
+    comes back through it (`sent` gives a ticket, `prefilled` closes it): no poll in between,
+    so a request that finished its prefill stops counting at once instead of up to a poll
+    interval later (with 0.5 s polls and prefills of 20-300 ms, stale reports herded
+    least-load routing onto the other instances). The instance's report adds what the router
+    cannot see: work other clients sent (`foreign`: reported minus the router's own work still
+    open when the poll began), and it caps the router's older open work, whose prefill the
+    instance may have done without the router seeing a token yet (a non-streamed answer).
+    """
+
     def __init__(self) -> None:
         self.reported = self.reported_short = 0.0
-        self._sent: collections.deque[tuple[float, int, bool]] = collections.deque()
+        self.foreign = self.foreign_short = 0.0
+        self.poll_t = float("-inf")
+        self._next = 0
+        self._open: dict[int, tuple[float, int, bool]] = {}  # ticket -> sent at, tokens, short
+        self._closed: list[tuple[float, float, int, bool]] = []  # sent at, closed at, ...
 
-    def sent(self, tokens: int, now: float, short: bool = False) -> None:
+    def sent(self, tokens: int, now: float, short: bool = False) -> int:
         """The router sent a request with `tokens` new tokens (short or not) at `now`."""
-        self._sent.append((now, max(int(tokens), 0), short))
+        self._next += 1
+        self._open[self._next] = (now, max(int(tokens), 0), short)
+        return self._next
+
+    def prefilled(self, ticket: int, now: float) -> None:
+        """The request's first token came back (or it ended): its prefill no longer waits."""
+        t = self._open.pop(ticket, None)
+        if t is not None and t[0] < now:
+            self._closed.append((t[0], now, t[1], t[2]))
 
     def report(self, pending_tokens: float, poll_started: float,
                pending_short: float | None = None) -> None:
         """The instance reported `pending_tokens` (of which `pending_short` in its short pool)
-        in a poll sent at `poll_started`: what was sent before then is in the report."""
+        in a poll sent at `poll_started`: the router's work open at that moment is in it."""
         self.reported = max(float(pending_tokens), 0.0)
         self.reported_short = min(max(float(pending_short or 0.0), 0.0), self.reported)
-        while self._sent and self._sent[0][0] < poll_started:
-            self._sent.popleft()
+        p = poll_started
+        mine = [(n, sh) for t, n, sh in self._open.values() if t < p]
+        mine += [(n, sh) for t, c, n, sh in self._closed if t < p < c]
+        self.foreign = max(self.reported - sum(n for n, _ in mine), 0.0)
+        self.foreign_short = max(self.reported_short - sum(n for n, sh in mine if sh), 0.0)
+        self.poll_t = max(self.poll_t, p)
+        self._closed = [c for c in self._closed if c[1] > self.poll_t]
 
     def clear(self) -> None:
-        self.reported = self.reported_short = 0.0
-        self._sent.clear()
+        self.reported = self.reported_short = self.foreign = self.foreign_short = 0.0
+        self._open.clear()
+        self._closed.clear()
+
+    def _own(self, short_only: bool) -> tuple[float, float]:
+        """The router's open work sent before / since the last poll began."""
+        old = new = 0.0
+        for t, n, sh in self._open.values():
+            if short_only and not sh:
+                continue
+            if t < self.poll_t:
+                old += n
+            else:
+                new += n
+        return old, new
 
     @property
     def since_poll(self) -> int:
-        return sum(t for _, t, _ in self._sent)
+        return int(self._own(False)[1])
 
     @property
     def load(self) -> float:
-        return self.reported + self.since_poll
+        old, new = self._own(False)
+        return new + min(old, self.reported) + self.foreign
 
     @property
     def short_load(self) -> float:
-        """The part of `load` that is short work (the instance's short pool + short sends)."""
-        return self.reported_short + sum(t for _, t, short in self._sent if short)
+        """The part of `load` that is short work."""
+        old, new = self._own(True)
+        return min(new + min(old, self.reported_short) + self.foreign_short, self.load)
 
 
 def prompt_hashes(tokens: Seq[int], block_size: int, limit: int | None = None) -> list[bytes]:
