@@ -80,7 +80,8 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
             chunk = await _race(up.content.readany(), down)
             if not chunk:
                 break
-            on_first()
+            if not tail:  # the first chunk
+                on_first()
             await resp.write(chunk)
             tail = (tail + chunk)[-len(DONE):]
         if tail != DONE:
