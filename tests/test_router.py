@@ -140,6 +140,55 @@ def test_parse_metrics():
     assert empty.pending_tokens is None and empty.block_size is None
 
 
+def _reference_report(text: str) -> tuple:
+    """parse_metrics' fields read with prometheus_client's own parser (the reference)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "laps_pending_prefill_tokens":
+                got["pending"] = got.get("pending", 0.0) + s.value
+                if s.labels.get("pool") == "short":
+                    got["short"] = got.get("short", 0.0) + s.value
+            elif s.name == "vllm:cache_config_info":
+                got["layout"] = (int(s.labels["block_size"]), int(s.labels["num_gpu_blocks"]))
+            elif s.name in ("vllm:num_requests_waiting", "laps_short_threshold_tokens"):
+                got[s.name] = s.value
+    return (got.get("pending"), got.get("short"), got.get("layout"),
+            got.get("vllm:num_requests_waiting"), got.get("laps_short_threshold_tokens"))
+
+
+def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
+    """Random registries rendered by prometheus_client (other metrics with quotes, commas,
+    braces and newlines in their labels, histograms, counters) read the same as its parser."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    rng = random.Random(7)
+    for _ in range(20):
+        reg = CollectorRegistry()
+        pools = rng.sample(["admission", "short", "long", 'we"ird}, pool="short"\\n'],
+                           rng.randint(1, 4))
+        pend = Gauge("laps_pending_prefill_tokens", "x", ["pool"], registry=reg)
+        for p in pools:
+            pend.labels(p).set(rng.randint(0, 10_000))
+        Gauge("vllm:cache_config_info", "x", ["block_size", "num_gpu_blocks"], registry=reg
+              ).labels(str(rng.choice([8, 16, 32])), str(rng.randint(1, 99_999))).set(1)
+        Gauge("vllm:num_requests_waiting", "x", registry=reg).set(rng.randint(0, 50))
+        Gauge("laps_short_threshold_tokens", "x", registry=reg).set(rng.randint(1, 4096))
+        odd = Counter("laps_requests", "x", ["endpoint", "status"], registry=reg)
+        odd.labels('/v1/"x"}, pool="short"', "a\\b\nc").inc(rng.randint(1, 9))
+        h = Histogram("laps_ttft_seconds", "x", ["pool"], registry=reg)
+        h.labels("short").observe(rng.random())
+        text = generate_latest(reg).decode()
+        r = parse_metrics(text)
+        layout = (r.block_size, r.num_blocks)
+        assert (r.pending_tokens, r.pending_short if "short" in pools else None, layout,
+                r.waiting, r.threshold) == _reference_report(text)
+    with pytest.raises(ValueError):
+        parse_metrics("<html>not metrics</html>\n")
+    with pytest.raises(ValueError):
+        parse_metrics('vllm:cache_config_info{block_size="8" 1.0\n')
+
+
 # -- fast: the policy's eligible mask -----------------------------------------------------
 
 
@@ -615,21 +664,47 @@ def test_a_hung_instance_leaves_within_2_s_and_its_requests_get_502(cluster, rou
     routed.wait(lambda s: s["instances"][1]["healthy"], 10, "the instance back")
 
 
+def _at_third_token(routed, act, record: dict):
+    """An `sse` line callback: at the stream's third line, `act(k)` on the instance serving
+    it, and `record` gets k and the time."""
+    def on_line(i, _payload):
+        if i == 2:
+            st = routed.status()
+            k = next(k for k, inst in enumerate(st["instances"]) if inst["inflight"])
+            act(k)
+            record.update(k=k, t=time.time())
+    return on_line
+
+
+@pytest.mark.slow
+def test_a_stream_on_a_hung_instance_gets_an_error_event_within_2_s(cluster, routed):
+    """The stream's reads are not raced against the instance's health one by one: the poller
+    marking the instance down must still end a stream stuck waiting for its next token."""
+    import signal
+    _, procs = cluster
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    stopped = {}
+    hang = _at_third_token(routed, lambda k: procs[k].proc.send_signal(signal.SIGSTOP), stopped)
+    try:
+        events = sse(routed.url, "/v1/completions", body, on_line=hang)
+        ended = time.time()
+    finally:
+        if stopped:
+            procs[stopped["k"]].proc.send_signal(signal.SIGCONT)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_failed"
+    assert "health checks" in events[-2]["error"]["message"]
+    assert ended - stopped["t"] < 2.0
+    routed.wait(lambda s: s["instances"][stopped["k"]]["healthy"], 10, "the instance back")
+
+
 @pytest.mark.slow
 def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(cluster, routed):
     from server_utils import ServerProcess
     path, procs = cluster
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
     killed = {}
-
-    def kill_serving_instance(i, _payload):
-        if i == 2:
-            st = routed.status()
-            k = next(k for k, inst in enumerate(st["instances"]) if inst["inflight"])
-            procs[k].proc.kill()
-            killed.update(k=k, t=time.time())
-
-    events = sse(routed.url, "/v1/completions", body, on_line=kill_serving_instance)
+    kill = _at_third_token(routed, lambda k: procs[k].proc.kill(), killed)
+    events = sse(routed.url, "/v1/completions", body, on_line=kill)
     ended = time.time()
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_failed"
     assert ended - killed["t"] < 2.0

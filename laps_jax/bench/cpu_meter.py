@@ -65,3 +65,13 @@ def _busy_jiffies() -> tuple[float, float]:
 def _our_seconds() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def process_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` has used so far; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

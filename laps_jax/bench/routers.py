@@ -35,14 +35,16 @@ import urllib.request
 
 import numpy as np
 
+from laps_jax.bench.cpu_meter import process_seconds
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.workload.http_client import ReplayConfig
 from laps_jax.workload.http_compare import free_port, mode_row, wait_ready
 from laps_jax.workload.http_replay import replay
 
 # what a router is judged on, and which way is better
-FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean", "ttft_ms_p90", "ttft_short_ms_p90",
-           "throughput_tokens_per_s", "completed", "failed")
+FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean",
+           "ttft_ms_p90", "ttft_short_ms_p90", "throughput_tokens_per_s", "completed", "failed",
+           "router_cpu_ms_per_request")
 REFERENCES = ("round-robin", "smg:cache_aware")
 DEFAULT_ROUTERS = ("round-robin", "least-load", "laps", "smg:cache_aware", "smg:round_robin")
 # XLA CPU: one intra-op thread, no multi-threaded Eigen
@@ -224,8 +226,10 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         router = start_router(spec, urls, log_dir)
         status = None
         try:
+            cpu0 = process_seconds(router.proc.pid)
             result = asyncio.run(replay(router.url, work, ReplayConfig(
                 short_threshold=short_threshold, progress=False, api=spec.api)))
+            cpu1 = process_seconds(router.proc.pid)
             status = _router_status(router.url) if spec.kind == "laps" else None
         finally:
             router.stop()
@@ -234,6 +238,9 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 log_dir, f"requests_{tag}_{spec.name.replace(':', '_')}.jsonl"),
                 result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
+        if cpu0 is not None and cpu1 is not None:  # the router's own CPU: it shares the cores
+            out[spec.name]["router_cpu_ms_per_request"] = (
+                1000 * (cpu1 - cpu0) / max(len(result.requests), 1))
         errors = failure_counts(result.requests)
         if errors:  # kept in routers.json: a failure is a violation, and its cause matters
             out[spec.name]["errors"] = errors
@@ -302,14 +309,14 @@ def markdown(summary: dict) -> str:
     """One row per router: median [range] of each figure, then its ratios to the references."""
     refs = list(summary["ratios"])
     head = ["router", "SLO viol.", "TTFT > fixed", "mean TTFT ms", "p90 TTFT ms", "short p90 TTFT ms",
-            "tok/s", "failed"] + [f"viol. / {r}" for r in refs] + [f"tok/s / {r}" for r in refs]
+            "tok/s", "failed", "router CPU ms/req"] + [f"viol. / {r}" for r in refs] + [f"tok/s / {r}" for r in refs]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, f in summary["routers"].items():
         row = [name, _cell(f["slo_violation_rate"], pct=True),
                _cell(f.get("fixed_slo_violation_rate"), pct=True),
                _cell(f["prefill_latency_ms_mean"]), _cell(f["ttft_ms_p90"]),
                _cell(f["ttft_short_ms_p90"]), _cell(f["throughput_tokens_per_s"]),
-               _cell(f["failed"])]
+               _cell(f["failed"]), _cell(f.get("router_cpu_ms_per_request"))]
         for key in ("slo_violation_rate", "throughput_tokens_per_s"):
             for r in refs:
                 x = summary["ratios"][r][name].get(key)

@@ -52,6 +52,7 @@ CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenize
 ANY_VOCAB = 1 << 31      # token ids are range-checked by the instance, not here
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
 PARSE_THREADS = 2
+INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 GROUPED = ("length-aware", "laps")  # policies with short and long groups
 
@@ -196,9 +197,11 @@ ROUTER = web.AppKey("router", HTTPRouter)
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     router, state = request.app[ROUTER], request.app[STATE]
     raw = await _read_body(request, state.read_timeout_s)
-    est = await asyncio.get_running_loop().run_in_executor(
-        state.parse_pool, functools.partial(estimate, raw, kind, router.tokenizer,
-                                            router.max_model_len))
+    parse = functools.partial(estimate, raw, kind, router.tokenizer, router.max_model_len)
+    # a small body is read here: a hop to a worker thread costs more (and on busy cores,
+    # a wait for the thread to be scheduled) than its parse
+    est = (parse() if len(raw) <= INLINE_PARSE_BYTES else
+           await asyncio.get_running_loop().run_in_executor(state.parse_pool, parse))
     if router.split is not None:
         return await router.split.generate(request, kind, raw, est)
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
