@@ -36,8 +36,10 @@ def parse_args(argv):
                     help="--time-scale for one trace kind (repeat), so each trace can be "
                          "replayed at a comparable load")
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
-                    help="comma-separated: POLICY of scripts/router.py, or smg:POLICY "
-                         "(default: %(default)s)")
+                    help="comma-separated: POLICY of scripts/router.py, or smg:POLICY, or "
+                         "LABEL=POLICY FLAGS... to add the router's own flags under a name "
+                         "(e.g. 'laps-nodecode=laps --decode-step-tokens 0'; default: "
+                         "%(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     ap.add_argument("--instances", type=int, default=3, help="serve.py instances (default 3)")
     ap.add_argument("--model", default="bench-cpu", help="model of every instance (default "

@@ -100,7 +100,11 @@ def test_router_specs_commands_and_rotation():
     assert "127.0.0.1" in cmd and "9001" in cmd  # its metrics port stays on loopback
     ours = rb.RouterSpec.parse("least-load").command(["http://a:1"], 9000, 9001)
     assert ours[-6:] == ["--instance", "http://a:1", "--policy", "least-load", "--port", "9000"]
-    for bad in ("nginx:x", "smg:", ""):
+    ablation = rb.RouterSpec.parse("laps-nodecode=laps --decode-step-tokens 0")
+    assert (ablation.name, ablation.api) == ("laps-nodecode", "openai")
+    assert ablation.command(["http://a:1"], 9000, 9001)[-4:] == [
+        "--port", "9000", "--decode-step-tokens", "0"]
+    for bad in ("nginx:x", "smg:", "", "laps --decode-step-tokens 0", "x=", "x=nginx:y"):
         with pytest.raises(ValueError):
             rb.RouterSpec.parse(bad)
     assert rb.rotated([1, 2, 3], 4) == [2, 3, 1] and rb.rotated([], 2) == []

@@ -233,6 +233,23 @@ def _router(n=2, policy="least-load", **kw) -> HTTPRouter:
     return r
 
 
+def test_laps_sends_a_request_away_from_an_instance_its_streams_decode_on():
+    loop = asyncio.new_event_loop()
+    try:
+        for step, want in ((None, 1), (0.0, 0)):
+            r = _router(2, "laps", decode_step_tokens=step)
+            inst = r.instances[0]
+            ticket = inst.load.sent(40, 0.0, True)
+            inst.inflight.add(loop.create_future())  # the relay holds it while streaming
+            assert inst.decoding == 0  # still waiting for its first token
+            inst.load.prefilled(ticket, 0.1)
+            assert inst.decoding == 1 and r.status()["instances"][0]["decoding"] == 1
+            # both idle in prefill: the decoding one costs a decode step (unless 0)
+            assert r.pick(Estimate(list(range(30)), 30, True), set())[0] == want
+    finally:
+        loop.close()
+
+
 def test_pick_follows_the_cached_history_and_counts_load():
     r = _router()
     history = list(range(200, 264))

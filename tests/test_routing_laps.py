@@ -135,6 +135,21 @@ def test_srpt_aware_wait_sends_a_small_long_request_past_big_queued_ones():
     assert c.instance == 0
 
 
+def test_decode_steps_count_once_per_prefill_step_of_the_request():
+    p = laps(2, harm=0.0)
+    p.group[:] = [LONG, LONG]
+    none = dict(short_loads=[0.0, 0.0])
+    # i0 decodes (0.3 s a step), i1 has 0.2 s of long work queued and decodes nothing
+    dec = dict(none, decode_step=[0.3, 0.0])
+    assert p.choose(30, [0, 0], [0.0, 0.2], 0.0, **dec).instance == 1  # 0.3 > 0.2
+    assert p.choose(30, [0, 0], [0.0, 0.2], 0.0, **none).instance == 0  # unknown: i0 idles
+    # 200 tokens, 2 s: 8 chunks of 0.25 s, each after a decode step on i0 (2.4 s) against
+    # 1.5 s of work on i1
+    assert p.choose(200, [0, 0], [0.0, 1.5], 0.0, **dec).instance == 1
+    assert p.choose(200, [0, 0], [0.0, 1.5], 0.0,
+                    **dict(none, decode_step=[0.1, 0.0])).instance == 0  # 0.8 s: i0
+
+
 def test_draining_instances_get_no_new_work():
     p = laps(3, groups={"hysteresis": 0.0, "dwell_s": 0.0, "move_interval_s": 0.0,
                         "share_tau_s": 1e9})

@@ -54,21 +54,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @dataclasses.dataclass(frozen=True)
 class RouterSpec:
-    """`laps:<policy>` (ours; a bare policy name means ours) or `smg:<policy>`."""
+    """`laps:<policy>` (ours; a bare policy name means ours) or `smg:<policy>`; `LABEL=SPEC
+    FLAGS...` adds the router's own command-line flags under its own name (an ablation:
+    `laps-nodecode=laps --decode-step-tokens 0`)."""
 
     kind: str
     policy: str
+    flags: tuple[str, ...] = ()
+    label: str | None = None
 
     @classmethod
     def parse(cls, name: str) -> "RouterSpec":
+        label, flags = None, ()
+        head = name.split()[0] if name.split() else name
+        if "=" in head:
+            label, _, name = name.partition("=")
+            label = label.strip()
+        words = name.split()
+        if not words or not label and len(words) > 1:
+            raise ValueError(f"router {name!r}: flags need a label (LABEL=POLICY FLAGS...)")
+        name, flags = words[0], tuple(words[1:])
         kind, _, policy = name.rpartition(":")
         kind = kind or "laps"
         if kind not in ("laps", "smg") or not policy:
             raise ValueError(f"router {name!r}: give POLICY (ours) or smg:POLICY")
-        return cls(kind, policy)
+        return cls(kind, policy, flags, label)
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         return self.policy if self.kind == "laps" else f"smg:{self.policy}"
 
     @property
@@ -81,10 +96,10 @@ class RouterSpec:
             return [exe, "launch", "--worker-urls", *urls, "--policy", self.policy,
                     "--host", "127.0.0.1", "--port", str(port), "--prometheus-host",
                     "127.0.0.1", "--prometheus-port", str(metrics_port),
-                    "--shutdown-grace-period-secs", "0", "--log-level", "warn"]
+                    "--shutdown-grace-period-secs", "0", "--log-level", "warn", *self.flags]
         inst = [a for u in urls for a in ("--instance", u)]
         return [sys.executable, os.path.join(ROOT, "scripts", "router.py"), *inst,
-                "--policy", self.policy, "--port", str(port)]
+                "--policy", self.policy, "--port", str(port), *self.flags]
 
 
 class Process:

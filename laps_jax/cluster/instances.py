@@ -49,6 +49,11 @@ class Instance:
     def healthy(self) -> bool:
         return self.state == "ok"
 
+    @property
+    def decoding(self) -> int:
+        """The router's requests here past their first token, still streaming."""
+        return max(len(self.inflight) - self.load.open_requests, 0)
+
     def fail_inflight(self) -> None:
         """Ends every request in flight here: each proxy waits on its future as well as on
         the instance, and answers 502 when the future is done first."""
@@ -84,7 +89,8 @@ class Instance:
                 "sent_since_poll_tokens": self.load.since_poll,
                 "short_load": self.load.short_load,
                 "threshold": r.threshold if r else None,
-                "inflight": len(self.inflight), "routed": self.routed,
+                "inflight": len(self.inflight), "decoding": self.decoding,
+                "routed": self.routed,
                 "block_size": r.block_size if r else None,
                 "indexed_blocks": len(self.blocks) if self.blocks is not None else 0,
                 "waiting": r.waiting if r else None, "running": r.running if r else None,

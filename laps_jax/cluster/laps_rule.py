@@ -15,6 +15,9 @@ unless every one does):
                each pending long request's work: short_i + the long work smaller than this
                request's + at most one chunk of the larger (the long pool runs the least
                remaining first)
+    wait_i  += decode_i x its prefill steps (cost / chunk, at least one), when the caller knows
+               decode_i, one decode step's work on i (0 when nothing decodes there): a laps
+               instance runs a decode step before each prefill step while sequences decode
     finish_i = wait_i + cost(new_i, cached_i) + margin when i is in the other group
     key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
 
@@ -31,6 +34,7 @@ no shared prefixes and does not change). The groups follow the compute (`groups.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence as Seq
 
 from laps_jax.cluster.groups import Groups
@@ -50,6 +54,8 @@ class LapsInputs:
     short_loads: Seq[float]    # of which short
     ok: Seq[bool]              # eligible
     long_items: Seq[Seq[float]] | None = None  # each pending long request's remaining work
+    decode_step: Seq[float] | None = None  # per instance, one decode step's work (0: none
+                                           # decoding); None: not known
 
 
 @dataclasses.dataclass
@@ -103,6 +109,8 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
             ahead = smaller + min(long_left - smaller, chunk_s)
             ahead += harm * c * sum(x > c for x in inp.long_items[i])
         wait = inp.short_loads[i] + ahead
+        if inp.decode_step is not None:  # a decode step runs before each of its prefill steps
+            wait += inp.decode_step[i] * max(1, math.ceil(c / chunk_s - 1e-9))
         cross = groups.group[i] != kind
         margin = 0.0
         if cross:

@@ -91,6 +91,11 @@ class LoadBook:
         return old, new
 
     @property
+    def open_requests(self) -> int:
+        """The router's requests here still waiting for their first token."""
+        return len(self._open)
+
+    @property
     def since_poll(self) -> int:
         return int(self._own(False)[1])
 
