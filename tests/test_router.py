@@ -236,7 +236,7 @@ def _router(n=2, policy="least-load", **kw) -> HTTPRouter:
 def test_laps_sends_a_request_away_from_an_instance_its_streams_decode_on():
     loop = asyncio.new_event_loop()
     try:
-        for step, want in ((None, 1), (0.0, 0)):
+        for step, want in ((None, 1), (300.0, 1), (0.0, 0)):  # (0: the default, not counted)
             r = _router(2, "laps", decode_step_tokens=step)
             inst = r.instances[0]
             ticket = inst.load.sent(40, 0.0, True)

@@ -12,9 +12,10 @@ Routing: `policy.RoutingPolicy` (the same object the simulator's router uses: mo
 hysteresis, dwell and draining show in /router/status) over the healthy instances that are not
 full, fed with each instance's load (pending prefill tokens, and of them short ones:
 instances.py, upstream.py), its requests in flight, whether the router's requests decode
-there (laps: a laps instance runs a decode step before each prefill step while any sequence
-decodes; a decode step counts as a prefill of the threshold's tokens: both are memory-bound
-steps; other clients' decoding is not seen), and the prefix of the prompt its cache is
+there (laps, off unless `decode_step_tokens`: a laps instance runs a decode step before each
+prefill step while any sequence decodes; None counts a decode step as a prefill of the
+threshold's tokens, both memory-bound steps; other clients' decoding is not seen; it showed
+no gain live, docs/BENCHMARKS.md session 18), and the prefix of the prompt its cache is
 expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
 the one the instances report from their latency profiles (`laps_short_threshold_tokens`). That needs the prompt's token ids:
 a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
@@ -100,7 +101,7 @@ class HTTPRouter:
     def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
                  tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
                  chunk_tokens: float = 512.0, max_inflight: int = 256,
-                 instance_api_key: str | None = None, decode_step_tokens: float | None = None):
+                 instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -113,7 +114,7 @@ class HTTPRouter:
                                     lambda new, cached: new <= self.threshold,
                                     self.config.spill_s, chunk_tokens)
         self.tokenizer, self.max_inflight = tokenizer, max_inflight
-        self.decode_step_tokens = decode_step_tokens  # None: the threshold
+        self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -178,15 +179,15 @@ class HTTPRouter:
         cached = (cached_prefixes(est.ids, [i.blocks for i in self.instances])
                   if est.ids else [0] * len(self.instances))
         loads = [i.load.load for i in self.instances]
-        # a decode step, in tokens: by default a memory-bound step, as long as a prefill of
-        # the threshold's tokens (where prefill turns compute-bound)
+        # a decode step, in tokens (None: a memory-bound step, a prefill of the threshold's
+        # tokens, where prefill turns compute-bound; 0, the default: not counted)
         step = (float(self.threshold) if self.decode_step_tokens is None
                 else self.decode_step_tokens)
+        decode = [step if i.decoding else 0.0 for i in self.instances] if step else None
         c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible,
                                short_loads=[i.load.short_load for i in self.instances],
                                inflight=[len(i.inflight) for i in self.instances],
-                               decode_step=[step if i.decoding else 0.0
-                                            for i in self.instances])
+                               decode_step=decode)
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
     def status(self) -> dict:

@@ -57,11 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps, length-aware: a long request goes to the short group when an "
                          "instance there has this many fewer pending prefill tokens (default "
                          "2048; inf: never; laps scales it by short work's share)")
-    ap.add_argument("--decode-step-tokens", type=float, default=None,
-                    help="laps: a request sent to an instance where the router's requests are "
-                         "decoding waits a decode step before each of its prefill steps; one "
-                         "decode step counts as this many prefill tokens (default: the "
-                         "threshold, the prefill a memory-bound step holds; 0: not counted)")
+    ap.add_argument("--decode-step-tokens", type=float, default=0.0,
+                    help="laps (experimental): a request sent to an instance where the "
+                         "router's requests are decoding waits a decode step before each of "
+                         "its prefill steps; count one decode step as this many prefill tokens "
+                         "(-1: the threshold, the prefill a memory-bound step holds; default 0: "
+                         "not counted; it showed no gain live, docs/BENCHMARKS.md)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
@@ -94,7 +95,8 @@ def make_router(args):
                         RouterConfig(policy=POLICY_NAMES[args.policy]),
                         tokenizer=tokenizer, threshold=args.threshold,
                         spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
-                        decode_step_tokens=args.decode_step_tokens,
+                        decode_step_tokens=(None if args.decode_step_tokens < 0
+                                            else args.decode_step_tokens),
                         instance_api_key=args.instance_api_key)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
