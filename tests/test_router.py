@@ -649,15 +649,16 @@ def test_a_hung_instance_leaves_within_2_s_and_its_requests_get_502(cluster, rou
     victim = procs[1]
     result = {}
 
-    def slow_request():
+    def slow_request(token: int):
         result["r"] = post(routed.url, "/v1/completions",
-                           {"prompt": [7] * 20, "max_tokens": 400, "temperature": 0})
+                           {"prompt": [token] * 20, "max_tokens": 400, "temperature": 0})
         result["t"] = time.time()
 
-    # round-robin: send until one is in flight on the victim
+    # round-robin: send until one is in flight on the victim (a new prompt each time: a
+    # repeated one would follow its cached history back to the same instance)
     t = None
-    for _ in range(2):
-        t = threading.Thread(target=slow_request)
+    for attempt in range(2):
+        t = threading.Thread(target=slow_request, args=(7 + attempt,))
         t.start()
         st = routed.wait(lambda s: sum(i["inflight"] for i in s["instances"]) == 1, 10)
         if st["instances"][1]["inflight"]:
