@@ -240,11 +240,13 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         flush_caches(urls)
         router = start_router(spec, urls, log_dir)
         status = None
+        pids = {"router": [router.proc.pid], "instances": [p.proc.pid for p in instances],
+                "client": [os.getpid()]}  # (the replay runs in this process)
         try:
-            cpu0 = process_seconds(router.proc.pid)
+            cpu0 = _cpu(pids)
             result = asyncio.run(replay(router.url, work, ReplayConfig(
                 short_threshold=short_threshold, progress=False, api=spec.api)))
-            cpu1 = process_seconds(router.proc.pid)
+            cpu1 = _cpu(pids)
             status = _router_status(router.url) if spec.kind == "laps" else None
         finally:
             router.stop()
@@ -253,14 +255,25 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 log_dir, f"requests_{tag}_{spec.name.replace(':', '_')}.jsonl"),
                 result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
-        if cpu0 is not None and cpu1 is not None:  # the router's own CPU: it shares the cores
-            out[spec.name]["router_cpu_ms_per_request"] = (
-                1000 * (cpu1 - cpu0) / max(len(result.requests), 1))
+        for who in pids:  # CPU per request of the router, the instances, the client: they
+            if cpu0[who] is not None and cpu1[who] is not None:  # share the cores
+                out[spec.name][f"{who}_cpu_ms_per_request"] = (
+                    1000 * (cpu1[who] - cpu0[who]) / max(len(result.requests), 1))
         errors = failure_counts(result.requests)
         if errors:  # kept in routers.json: a failure is a violation, and its cause matters
             out[spec.name]["errors"] = errors
-        log(f"  {spec.name}: " + ", ".join(f"{k}={out[spec.name].get(k)}" for k in FIGURES)
+        log(f"  {spec.name}: " + ", ".join(f"{k}={v}" for k, v in out[spec.name].items()
+                                           if k != "errors")
             + (f"; errors: {errors}" if errors else ""))
+    return out
+
+
+def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
+    """CPU seconds used so far by each group of processes (None where one is unreadable)."""
+    out = {}
+    for who, ps in pids.items():
+        secs = [process_seconds(p) for p in ps]
+        out[who] = None if None in secs else sum(secs)
     return out
 
 
