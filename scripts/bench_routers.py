@@ -15,6 +15,7 @@ import shlex
 import sys
 import tempfile
 
+from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.bench.isolated import measure as measure_isolated
 from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
@@ -69,7 +70,7 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     args.trace = args.trace or list(TRACES)
     try:
-        args.routers = [rb.RouterSpec.parse(n.strip()) for n in args.routers.split(",")
+        args.routers = [rp.RouterSpec.parse(n.strip()) for n in args.routers.split(",")
                         if n.strip()]
         args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
     except (ValueError, IndexError) as e:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = [int(c) for c in args.pin_cpus.split(",")] if args.pin_cpus else None
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     say(f"starting {args.instances} instances ({' '.join(serve_args)}); logs in {logs}")
-    instances = rb.start_instances(args.instances, serve_args, logs, cpus)
+    instances = rp.start_instances(args.instances, serve_args, logs, cpus)
     rounds: dict[str, list] = {kind: [] for kind in works}
     isolated, target_ms = None, None
     try:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             # (once: 11% more instance CPU for the same work), runs slow
             say("warm-up: one untimed round-robin replay of the first trace")
             rb.run_round(next(iter(works.values())), instances,
-                         [rb.RouterSpec("laps", "round-robin")], args.slo_ms,
+                         [rp.RouterSpec("laps", "round-robin")], args.slo_ms,
                          args.short_threshold, logs, lambda m: None)
         for r in range(args.rounds):
             for kind, work in works.items():
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in instances:
             p.stop()
     out = {"args": {k: v for k, v in vars(args).items() if k != "routers"},
-           "routers": [s.name for s in args.routers], "xla_flags": rb.ONE_THREAD_XLA_FLAGS,
+           "routers": [s.name for s in args.routers], "xla_flags": rp.ONE_THREAD_XLA_FLAGS,
            "isolated_ttft": isolated.to_json() if isolated else None,
            "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
                       for kind, rs in rounds.items()}}

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.workload.http_client import RequestRecord, read_chunk, request_body
 from laps_jax.workload.http_compare import mode_row
@@ -92,21 +93,21 @@ def test_summary_medians_ranges_and_median_of_ratios():
 
 
 def test_router_specs_commands_and_rotation():
-    assert rb.RouterSpec.parse("laps") == rb.RouterSpec("laps", "laps")
-    smg = rb.RouterSpec.parse("smg:cache_aware")
+    assert rp.RouterSpec.parse("laps") == rp.RouterSpec("laps", "laps")
+    smg = rp.RouterSpec.parse("smg:cache_aware")
     assert (smg.name, smg.api) == ("smg:cache_aware", "sglang")
     cmd = smg.command(["http://a:1", "http://b:2"], 9000, 9001)
     assert cmd[1:6] == ["launch", "--worker-urls", "http://a:1", "http://b:2", "--policy"]
     assert "127.0.0.1" in cmd and "9001" in cmd  # its metrics port stays on loopback
-    ours = rb.RouterSpec.parse("least-load").command(["http://a:1"], 9000, 9001)
+    ours = rp.RouterSpec.parse("least-load").command(["http://a:1"], 9000, 9001)
     assert ours[-6:] == ["--instance", "http://a:1", "--policy", "least-load", "--port", "9000"]
-    ablation = rb.RouterSpec.parse("laps-nodecode=laps --decode-step-tokens 0")
+    ablation = rp.RouterSpec.parse("laps-nodecode=laps --decode-step-tokens 0")
     assert (ablation.name, ablation.api) == ("laps-nodecode", "openai")
     assert ablation.command(["http://a:1"], 9000, 9001)[-4:] == [
         "--port", "9000", "--decode-step-tokens", "0"]
     for bad in ("nginx:x", "smg:", "", "laps --decode-step-tokens 0", "x=", "x=nginx:y"):
         with pytest.raises(ValueError):
-            rb.RouterSpec.parse(bad)
+            rp.RouterSpec.parse(bad)
     assert rb.rotated([1, 2, 3], 4) == [2, 3, 1] and rb.rotated([], 2) == []
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from laps_jax.bench.routers import RouterSpec, start_router
+from laps_jax.bench.router_procs import RouterSpec, start_router
 from test_router import MODEL, post, sse, stream_text
 
 pytestmark = pytest.mark.slow
