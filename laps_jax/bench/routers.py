@@ -29,7 +29,7 @@ import urllib.request
 
 import numpy as np
 
-from laps_jax.bench.cpu_meter import process_seconds
+from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
 from laps_jax.workload.http_client import ReplayConfig
@@ -72,8 +72,9 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 "client": [os.getpid()]}  # (the replay runs in this process)
         try:
             cpu0 = _cpu(pids)
-            result = asyncio.run(replay(router.url, work, ReplayConfig(
-                short_threshold=short_threshold, progress=False, api=spec.api)))
+            with CpuMeter() as meter:
+                result = asyncio.run(replay(router.url, work, ReplayConfig(
+                    short_threshold=short_threshold, progress=False, api=spec.api)))
             cpu1 = _cpu(pids)
             status = _router_status(router.url) if spec.kind == "laps" else None
         finally:
@@ -83,6 +84,7 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 log_dir, f"requests_{tag}_{spec.name.replace(':', '_')}.jsonl"),
                 result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
+        out[spec.name]["steal_share"] = meter.steal  # the hypervisor's share of the cores
         for who in pids:  # CPU per request of the router, the instances, the client: they
             if cpu0[who] is not None and cpu1[who] is not None:  # share the cores
                 out[spec.name][f"{who}_cpu_ms_per_request"] = (
