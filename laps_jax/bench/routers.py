@@ -2,8 +2,8 @@
 serve.py instances (scripts/bench_routers.py is its command line).
 
 Instances start once, each held to one CPU thread (`router_procs.ONE_THREAD_XLA_FLAGS`;
-optionally pinned to a core with `taskset`), and stay up for the whole run; routers start and stop in turn in
-front of them. Before each router's replay every instance's prefix cache is flushed
+optionally pinned to a core with `taskset`), and stay up for the whole run; routers start and
+stop in turn in front of them. Before each router's replay every instance's prefix cache is flushed
 (`POST /flush_cache`), so no router inherits the history another one placed: restarting the
 instances would do the same but costs a full compile per router (minutes each on the CPU).
 Each router is a fresh process, so its own cache index starts empty too.

@@ -55,8 +55,9 @@ class Instance:
         return max(len(self.inflight) - self.load.open_requests, 0)
 
     def fail_inflight(self) -> None:
-        """Ends every request in flight here: each proxy waits on its future as well as on
-        the instance, and answers 502 when the future is done first."""
+        """Ends every request in flight here: each proxy's wait for its answer races its
+        future, and the future closes an answer already under way (proxy.py); the request
+        ends with 502, or an error event on a stream."""
         for fut in list(self.inflight):
             if not fut.done():
                 fut.set_result(None)

@@ -1,8 +1,10 @@
 """Passing one request through to an instance, and its answer back, as it comes.
 
-Every wait on the instance also waits on the request's "instance down" future
-(`Instance.inflight`, set by the poller when the instance stops answering), so a request on a
-dead or hung instance ends at once: 502 JSON before the answer started, an error event and
+Each request has an "instance down" future (`Instance.inflight`, set by the poller when the
+instance stops answering). Until the instance's answer starts, the wait for it races that
+future; from then on the future closes the answer's connection, which ends whatever read is
+pending (cheaper than a race per stream chunk). So a request on a dead or hung instance ends
+at once: 502 JSON before the answer started, an error event and
 `data: [DONE]` on a stream already under way. A stream that breaks (the instance's process
 died) or ends without `data: [DONE]` ends the same way. A client that goes away closes the
 connection to the instance, which aborts the request there and frees its pages.
@@ -47,6 +49,19 @@ async def _race(aw, down: asyncio.Future):
     raise _Gone(HUNG)
 
 
+async def _read(aw, down: asyncio.Future):
+    """`aw`'s result, a read of an answer whose connection `down` closes: _Gone when it did."""
+    try:
+        out = await aw
+    except aiohttp.ClientError:
+        if down.done():
+            raise _Gone(HUNG) from None
+        raise
+    if down.done():
+        raise _Gone(HUNG)
+    return out
+
+
 def _gone_error(inst: Instance, why: str) -> APIError:
     return APIError(f"the instance serving this request ({inst.url}) failed: {why}", 502,
                     "upstream_failed")
@@ -68,27 +83,18 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
                 "Content-Type": "application/json", **headers}), down)
         except aiohttp.ClientConnectorError as e:
             raise InstanceDown(f"{type(e).__name__}: {e}") from None
+        down.add_done_callback(lambda _: up.close())  # ends any read of the answer below
         out_headers = {h: up.headers[h] for h in PASS_HEADERS if h in up.headers}
         if not (stream and up.status == 200
                 and up.headers.get("Content-Type", "").startswith("text/event-stream")):
-            body = await _race(up.read(), down)
+            body = await _read(up.read(), down)
             on_first()
             return web.Response(body=body, status=up.status, headers=out_headers)
         resp = web.StreamResponse(status=200, headers=out_headers)
         await resp.prepare(request)
-        # not raced chunk by chunk (a task and a wait per token were a third of the router's
-        # CPU): the instance going down closes the upstream response, which ends the read
-        down.add_done_callback(lambda _: up.close())
         tail = b""
         while True:
-            try:
-                chunk = await up.content.readany()
-            except aiohttp.ClientError:
-                if down.done():
-                    raise _Gone(HUNG) from None
-                raise
-            if down.done():
-                raise _Gone(HUNG)
+            chunk = await _read(up.content.readany(), down)
             if not chunk:
                 break
             if not tail:  # the first chunk
