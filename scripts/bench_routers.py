@@ -39,7 +39,7 @@ def parse_args(argv):
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
                     help="comma-separated: POLICY of scripts/router.py, or smg:POLICY, or "
                          "LABEL=POLICY FLAGS... to add the router's own flags under a name "
-                         "(e.g. 'laps-nodecode=laps --decode-step-tokens 0'; default: "
+                         "(e.g. 'rr-affinity=round-robin' for ours with its prefix-affinity rule; default: "
                          "%(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     ap.add_argument("--instances", type=int, default=3, help="serve.py instances (default 3)")

@@ -308,6 +308,23 @@ def test_estimate_reads_prompts():
         assert e.value.status == 400
 
 
+def test_no_affinity_makes_round_robin_plain_data_parallelism():
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
+    history = list(range(300, 364))
+    picks = {}
+    for flags in ([], ["--no-affinity"]):
+        r = make_router(build_parser().parse_args(urls + ["--policy", "round-robin", *flags]))
+        for inst in r.instances:
+            inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
+        r.instances[0].blocks.add(history)
+        picks[bool(flags)] = [r.pick(Estimate(history + [k], 65, False), set())[0]
+                              for k in range(4)]
+    assert picks[False] == [0, 0, 0, 0]  # every turn follows its cached history
+    assert picks[True] == [0, 1, 0, 1]   # plain rotation
+    with pytest.raises(ValueError, match="--no-affinity applies to"):
+        make_router(build_parser().parse_args(urls + ["--no-affinity"]))  # laps (default)
+
 
 def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
     """scripts/router.py as a process, in front of a port nobody listens on."""

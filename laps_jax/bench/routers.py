@@ -41,7 +41,9 @@ FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms
            "ttft_ms_p90", "ttft_short_ms_p90", "throughput_tokens_per_s", "completed", "failed",
            "router_cpu_ms_per_request")
 REFERENCES = ("round-robin", "smg:cache_aware")
-DEFAULT_ROUTERS = ("round-robin", "least-load", "laps", "smg:cache_aware", "smg:round_robin")
+# "round-robin" is plain data parallelism (#24's baseline): ours without its prefix-affinity rule
+DEFAULT_ROUTERS = ("round-robin=round-robin --no-affinity", "least-load", "laps",
+                   "smg:cache_aware", "smg:round_robin")
 def figures(result, slo_ms: float, target_ms=None) -> dict:
     """`mode_row`'s figures, where `slo_violation_rate` counts TTFT over each request's own
     target `target_ms(record)` (`isolated.py`) when given, and `fixed_slo_violation_rate`

@@ -11,6 +11,7 @@ from aiohttp import web
 
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load"}
+AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "5 s on a 2x pending ratio; laps before this version); round-robin; "
                          "least-load: least pending prefill tokens. round-robin, least-load and "
                          "length-aware send a request to the instance caching half its prompt")
+    ap.add_argument("--no-affinity", action="store_true",
+                    help="round-robin, least-load, length-aware: place by the policy alone, "
+                         "never by where a prompt's history is cached (round-robin is then "
+                         "plain data parallelism, the baseline of docs/BENCHMARKS.md; laps "
+                         "weighs the history itself and prefix is cache-aware by definition, "
+                         "so they refuse it)")
     ap.add_argument("--tokenizer", default=None, metavar="DIR",
                     help="the instances' model (or tokenizer) directory: text prompts and chat "
                          "messages are tokenized as serve.py does, for prefix affinity and "
@@ -91,8 +98,13 @@ def make_router(args):
         tokenizer = Tokenizer(args.tokenizer)
     if bool(args.prefill) != bool(args.decode) or bool(args.instance) == bool(args.prefill):
         raise ValueError("give --instance URL..., or --prefill URL... with --decode URL...")
-    router = HTTPRouter(args.instance or args.prefill + args.decode,
-                        RouterConfig(policy=POLICY_NAMES[args.policy]),
+    if args.no_affinity and args.policy not in AFFINITY_POLICIES:
+        raise ValueError(f"--no-affinity applies to {', '.join(AFFINITY_POLICIES)}, "
+                         f"not --policy {args.policy}")
+    config = RouterConfig(policy=POLICY_NAMES[args.policy])
+    if args.no_affinity:
+        config.affinity_ratio = None
+    router = HTTPRouter(args.instance or args.prefill + args.decode, config,
                         tokenizer=tokenizer, threshold=args.threshold,
                         spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
                         decode_step_tokens=(None if args.decode_step_tokens < 0
