@@ -152,10 +152,12 @@ def _reference_report(text: str) -> tuple:
                     got["short"] = got.get("short", 0.0) + s.value
             elif s.name == "vllm:cache_config_info":
                 got["layout"] = (int(s.labels["block_size"]), int(s.labels["num_gpu_blocks"]))
-            elif s.name in ("vllm:num_requests_waiting", "laps_short_threshold_tokens"):
+            elif s.name in ("vllm:num_requests_waiting", "laps_short_threshold_tokens",
+                            "laps_long_chunk_tokens"):
                 got[s.name] = s.value
     return (got.get("pending"), got.get("short"), got.get("layout"),
-            got.get("vllm:num_requests_waiting"), got.get("laps_short_threshold_tokens"))
+            got.get("vllm:num_requests_waiting"), got.get("laps_short_threshold_tokens"),
+            got.get("laps_long_chunk_tokens"))
 
 
 def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
@@ -174,6 +176,8 @@ def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
               ).labels(str(rng.choice([8, 16, 32])), str(rng.randint(1, 99_999))).set(1)
         Gauge("vllm:num_requests_waiting", "x", registry=reg).set(rng.randint(0, 50))
         Gauge("laps_short_threshold_tokens", "x", registry=reg).set(rng.randint(1, 4096))
+        if rng.random() < 0.7:
+            Gauge("laps_long_chunk_tokens", "x", registry=reg).set(rng.randint(16, 4096))
         odd = Counter("laps_requests", "x", ["endpoint", "status"], registry=reg)
         odd.labels('/v1/"x"}, pool="short"', "a\\b\nc").inc(rng.randint(1, 9))
         h = Histogram("laps_ttft_seconds", "x", ["pool"], registry=reg)
@@ -182,7 +186,7 @@ def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
         r = parse_metrics(text)
         layout = (r.block_size, r.num_blocks)
         assert (r.pending_tokens, r.pending_short, layout, r.waiting,
-                r.threshold) == _reference_report(text)
+                r.threshold, r.long_chunk) == _reference_report(text)
     with pytest.raises(ValueError):
         parse_metrics("<html>not metrics</html>\n")
     with pytest.raises(ValueError):
@@ -290,6 +294,52 @@ def test_mark_down_ends_inflight_and_forgets_cache_and_load():
         assert fut.done() and len(inst.blocks) == 0 and inst.load.load == 0
         assert not inst.healthy and r.status()["instances"][0]["state"] == "down"
     asyncio.run(go())
+
+
+def test_a_timed_out_poll_is_slow_while_streams_flow_and_down_when_silent(caplog):
+    """An instance that does not answer a poll in time is dead only if nothing it sends has
+    come back lately either: a busy instance whose streams flow keeps them, and its cache."""
+    import logging
+
+    import aiohttp
+
+    from laps_jax.cluster.instances import ALIVE_S, Instance, poll_once
+
+    async def go():
+        hold = asyncio.Event()
+
+        async def silent(reader, writer):  # accepts, never answers (a SIGSTOPped process)
+            await hold.wait()
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+        inst = Instance(url)
+        inst.mark_ok(parse_metrics(METRICS), 0.0)
+        inst.blocks.add(list(range(32)))  # 4 blocks of 8
+        fut = asyncio.get_running_loop().create_future()
+        inst.inflight.add(fut)
+        states = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                inst.last_data = time.monotonic()  # a stream chunk just came back
+                await poll_once(inst, http, timeout=0.2)
+                states.append((inst.state, fut.done(), len(inst.blocks)))
+                inst.last_data = time.monotonic() - ALIVE_S - 0.3  # silent since
+                await poll_once(inst, http, timeout=0.2)
+                states.append((inst.state, fut.done(), len(inst.blocks)))
+        finally:
+            hold.set()
+            server.close()
+        return states
+
+    with caplog.at_level(logging.INFO, logger="laps_jax.router"):
+        states = asyncio.run(go())
+    assert states == [("slow", False, 4), ("down", True, 0)]
+    said = [r.getMessage() for r in caplog.records if r.name == "laps_jax.router"]
+    assert any(": slow (no answer to its health check in 0.2 s, but its streams" in m
+               for m in said), said
+    assert any(m.endswith(": down (no answer to its health check in 0.2 s)") for m in said)
 
 
 def test_estimate_reads_prompts():
@@ -769,3 +819,21 @@ def test_threshold_comes_from_the_instances_unless_given():
     assert _router(2, "laps", threshold=300).threshold == 300
     assert parse_metrics(METRICS + "laps_short_threshold_tokens 176.0\n").threshold == 176
     assert parse_metrics(METRICS).pending_short == 12.0
+
+
+def test_each_instance_s_reported_long_chunk_reaches_the_policy():
+    from laps_jax.cluster.upstream import MetricsReport
+    r = _router(2, "laps", chunk_tokens=512.0)
+    seen = {}
+    real = r.policy.choose
+    r.policy.choose = lambda *a, **kw: seen.update(kw) or real(*a, **kw)
+    r.pick(Estimate(None, 10, False), set())
+    assert seen["chunk"] == [512.0, 512.0]  # nothing reported: the router's default
+    r.instances[1].mark_ok(MetricsReport(pending_tokens=0.0, long_chunk=128), 0.0)
+    r.pick(Estimate(None, 10, False), set())
+    assert seen["chunk"] == [512.0, 128.0]
+    assert r.status()["instances"][1]["long_chunk"] == 128
+    fixed = _router(2, "laps", long_chunk_tokens=300)
+    fixed.instances[1].mark_ok(MetricsReport(pending_tokens=0.0, long_chunk=128), 0.0)
+    assert [fixed.long_chunk(i) for i in fixed.instances] == [300.0, 300.0]
+    assert parse_metrics(METRICS + "laps_long_chunk_tokens 256.0\n").long_chunk == 256

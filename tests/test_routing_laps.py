@@ -96,6 +96,25 @@ def test_a_short_request_waits_out_short_work_and_one_chunk_not_the_whole_queue(
     assert c.instance == 0 and c.short
 
 
+def test_a_short_request_waits_out_each_instance_s_own_chunk():
+    p = laps(2, groups={"share_tau_s": 1e9})
+    p.group[:] = [LONG, LONG]
+    # i0: 5 s of long work, i1: 0.3 s of short work. With the default 0.25 s chunk the short
+    # request waits less on i0; when i0 says its chunks take 0.5 s, i1 is sooner; i1's own
+    # chunk does not matter (it has no long work)
+    args = ([0, 0], [5.0, 0.3], 0.0)
+    assert p.choose(30, *args, short_loads=[0.0, 0.3]).instance == 0
+    assert p.choose(30, *args, short_loads=[0.0, 0.3], chunk=[0.5, 0.01]).instance == 1
+    assert p.choose(30, *args, short_loads=[0.0, 0.3], chunk=[0.2, 9.0]).instance == 0
+    # a long request's SRPT wait and decode steps use the instance's chunk too: 2 s of work
+    # in 0.5 s chunks is 4 decode steps of 0.3 s on i0 (3.2 s), 8 of them in 0.25 s chunks
+    dec = dict(short_loads=[0.0, 0.0], decode_step=[0.3, 0.0])
+    p2 = laps(2, harm=0.0)
+    p2.group[:] = [LONG, LONG]
+    assert p2.choose(200, [0, 0], [0.0, 1.35], 0.0, **dec).instance == 1  # 4.4 s vs 3.35
+    assert p2.choose(200, [0, 0], [0.0, 1.35], 0.0, chunk=[0.5, 0.5], **dec).instance == 0
+
+
 def test_the_history_holder_wins_while_its_load_allows():
     p = laps(2)
     p.group[:] = [LONG, LONG]

@@ -92,3 +92,14 @@ def test_queued_running_kv_and_pending_tokens(srv):
     assert value(m, "vllm:num_requests_waiting") == value(m, "vllm:num_requests_running") == 0
     assert value(m, "vllm:kv_cache_usage_perc") == 0.0
     assert set(pending(m).values()) == {0.0}
+
+
+def test_threshold_and_long_chunk_are_the_scheduler_s_own(srv):
+    """What a router reads as the instance's short/long cut and long chunk is what its laps
+    scheduler runs with, not a second estimate."""
+    m = scrape(srv)
+    derived = srv.dispatcher.derived
+    assert value(m, "laps_short_threshold_tokens") == derived.threshold(0)
+    chunk = value(m, "laps_long_chunk_tokens")
+    assert chunk == derived.long_budget
+    assert 0 < chunk <= derived.budget  # one long step's tokens (several chunks may share it)

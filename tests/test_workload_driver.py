@@ -152,3 +152,47 @@ def test_http_stops_a_session_at_a_failed_turn_and_records_the_rest_not_sent():
     assert all(r.arrival_s is not None for r in recs[:2])
     for r in recs[2:]:
         assert r.error == "not sent: turn 1 of the session failed" and r.sent_s is None
+
+
+def test_a_stream_s_error_event_is_the_request_s_error():
+    """A router ends a stream whose instance failed with an error event and [DONE] (HTTP 200
+    already sent): the replay must record that message, not just a missing finish reason."""
+    import json
+    import time
+
+    import aiohttp
+    from aiohttp import web
+
+    from laps_jax.workload.http_client import stream_completion
+
+    async def answer(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for tok in (5, 6):
+            await resp.write(b"data: " + json.dumps({"choices": [
+                {"token_ids": [tok], "text": "x", "finish_reason": None}]}).encode() + b"\n\n")
+        await resp.write(b'data: {"error": {"message": "the instance serving this request '
+                         b'failed: boom", "code": "upstream_failed"}}\n\ndata: [DONE]\n\n')
+        return resp
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        rec = RequestRecord("r", 0.0, 8)
+        try:
+            async with aiohttp.ClientSession() as http:
+                ids = await stream_completion(http, f"http://127.0.0.1:{port}", "m", [1, 2],
+                                              rec, ReplayConfig(progress=False),
+                                              time.perf_counter())
+        finally:
+            await runner.cleanup()
+        return ids, rec
+
+    ids, rec = asyncio.run(go())
+    assert ids == [] and not rec.ok and rec.ttft_s is not None
+    assert rec.error == "error event: the instance serving this request failed: boom"

@@ -17,7 +17,9 @@ prefill step while any sequence decodes; None counts a decode step as a prefill 
 threshold's tokens, both memory-bound steps; other clients' decoding is not seen; it showed
 no gain live, docs/BENCHMARKS.md session 18), and the prefix of the prompt its cache is
 expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
-the one the instances report from their latency profiles (`laps_short_threshold_tokens`). That needs the prompt's token ids:
+the one the instances report from their latency profiles (`laps_short_threshold_tokens`), and
+the long chunk a short request may wait out on an instance is the one it reports
+(`laps_long_chunk_tokens`; `chunk_tokens` until it does). Affinity needs the prompt's token ids:
 a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
 (and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
 does. Without a tokenizer the router estimates a text's tokens from its length
@@ -101,7 +103,8 @@ class HTTPRouter:
     def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
                  tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
                  chunk_tokens: float = 512.0, max_inflight: int = 256,
-                 instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0):
+                 instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
+                 long_chunk_tokens: float | None = None):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -115,6 +118,8 @@ class HTTPRouter:
                                     self.config.spill_s, chunk_tokens)
         self.tokenizer, self.max_inflight = tokenizer, max_inflight
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
+        self.chunk_tokens = chunk_tokens  # an instance's long chunk until it reports its own
+        self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -163,6 +168,14 @@ class HTTPRouter:
                     if i.healthy and i.report is not None and i.report.threshold is not None]
         return min(reported) if reported else FALLBACK_THRESHOLD
 
+    def long_chunk(self, inst: Instance) -> float:
+        """`long_chunk_tokens` if given, else the long chunk `inst` reports
+        (`laps_long_chunk_tokens`), else `chunk_tokens`."""
+        if self.fixed_chunk is not None:
+            return float(self.fixed_chunk)
+        r = inst.report
+        return float(r.long_chunk) if r is not None and r.long_chunk else self.chunk_tokens
+
     def group(self, k: int) -> str | None:
         return self.policy.group[k] if self.config.policy in GROUPED else None
 
@@ -187,7 +200,8 @@ class HTTPRouter:
         c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible,
                                short_loads=[i.load.short_load for i in self.instances],
                                inflight=[len(i.inflight) for i in self.instances],
-                               decode_step=decode)
+                               decode_step=decode,
+                               chunk=[self.long_chunk(i) for i in self.instances])
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
     def status(self) -> dict:

@@ -10,11 +10,12 @@ unless every one does):
 
     new_i    = prompt - cached_i          (the history holder computes only the new part;
                                            elsewhere the whole prompt counts)
-    wait_i   = short_i + min(long_i, chunk)   for a short request (by new_i)
+    wait_i   = short_i + min(long_i, chunk_i)  for a short request (by new_i)
              = short_i + long_i                for a long one, or, when the caller knows
                each pending long request's work: short_i + the long work smaller than this
                request's + at most one chunk of the larger (the long pool runs the least
                remaining first)
+    (chunk_i: instance i's own long chunk when the caller knows it, else `chunk_s`)
     wait_i  += decode_i x its prefill steps (cost / chunk, at least one), when the caller knows
                decode_i, one decode step's work on i (0 when nothing decodes there): a laps
                instance runs a decode step before each prefill step while sequences decode
@@ -56,6 +57,7 @@ class LapsInputs:
     long_items: Seq[Seq[float]] | None = None  # each pending long request's remaining work
     decode_step: Seq[float] | None = None  # per instance, one decode step's work (0: none
                                            # decoding); None: not known
+    chunk: Seq[float] | None = None  # per instance, its long chunk's work; None: `chunk_s`
 
 
 @dataclasses.dataclass
@@ -100,17 +102,18 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
         short, c = shape[i]
         kind = SHORT if short else LONG
         long_left = max(inp.loads[i] - inp.short_loads[i], 0.0)
+        chunk = chunk_s if inp.chunk is None else inp.chunk[i]
         if short:
-            ahead = min(long_left, chunk_s)
+            ahead = min(long_left, chunk)
         elif inp.long_items is None:
             ahead = long_left
         else:  # the long pool runs the least remaining first: larger work waits, but for a chunk
             smaller = sum(x for x in inp.long_items[i] if x <= c)
-            ahead = smaller + min(long_left - smaller, chunk_s)
+            ahead = smaller + min(long_left - smaller, chunk)
             ahead += harm * c * sum(x > c for x in inp.long_items[i])
         wait = inp.short_loads[i] + ahead
         if inp.decode_step is not None:  # a decode step runs before each of its prefill steps
-            wait += inp.decode_step[i] * max(1, math.ceil(c / chunk_s - 1e-9))
+            wait += inp.decode_step[i] * max(1, math.ceil(c / chunk - 1e-9))
         cross = groups.group[i] != kind
         margin = 0.0
         if cross:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -97,6 +98,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
             chunk = await _read(up.content.readany(), down)
             if not chunk:
                 break
+            inst.last_data = time.monotonic()  # alive, however slow its polls (instances.py)
             if not tail:  # the first chunk
                 on_first()
             await resp.write(chunk)

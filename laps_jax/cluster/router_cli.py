@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 
@@ -60,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="new tokens at or under which a request is short (default: what the "
                          "instances report in /metrics as laps_short_threshold_tokens, from "
                          "their latency profiles; 256 until one does)")
+    ap.add_argument("--long-chunk-tokens", type=int, default=None,
+                    help="laps: the long chunk a short request may wait out on an instance "
+                         "with long work (default: what each instance reports in /metrics as "
+                         "laps_long_chunk_tokens, the chunk its scheduler runs; 512 until it "
+                         "does)")
     ap.add_argument("--spill-tokens", type=float, default=2048.0,
                     help="laps, length-aware: a long request goes to the short group when an "
                          "instance there has this many fewer pending prefill tokens (default "
@@ -98,6 +104,8 @@ def make_router(args):
         tokenizer = Tokenizer(args.tokenizer)
     if bool(args.prefill) != bool(args.decode) or bool(args.instance) == bool(args.prefill):
         raise ValueError("give --instance URL..., or --prefill URL... with --decode URL...")
+    if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
+        raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
         raise ValueError(f"--no-affinity applies to {', '.join(AFFINITY_POLICIES)}, "
                          f"not --policy {args.policy}")
@@ -109,7 +117,8 @@ def make_router(args):
                         spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
                         decode_step_tokens=(None if args.decode_step_tokens < 0
                                             else args.decode_step_tokens),
-                        instance_api_key=args.instance_api_key)
+                        instance_api_key=args.instance_api_key,
+                        long_chunk_tokens=args.long_chunk_tokens)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill))
@@ -144,6 +153,9 @@ async def serve(args, log, on_app=None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    # instances going down, slow, unavailable and back (cluster/instances.py)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logging.getLogger("laps_jax.router").setLevel(logging.INFO)
     try:
         return asyncio.run(serve(args, log))
     except (ValueError, OSError) as e:  # bad tokenizer path, port in use, ...

@@ -13,7 +13,8 @@ without processes.
   the engine evicts. `cached_prefixes` turns the indexes into the "cached prefix of this prompt
   on each instance" that the routing policy takes.
 - `parse_metrics`: the gauges of an instance's /metrics text the router reads (with the
-  instance's own short/long threshold, `laps_short_threshold_tokens`).
+  instance's own short/long threshold, `laps_short_threshold_tokens`, and long chunk,
+  `laps_long_chunk_tokens`).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ class MetricsReport:
     pages_used: float | None = None        # laps_kv_pages_used, summed over engines
     pending_short: float | None = None     # laps_pending_prefill_tokens{pool="short"}
     threshold: int | None = None           # laps_short_threshold_tokens
+    long_chunk: int | None = None          # laps_long_chunk_tokens
 
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -190,7 +192,8 @@ _ESCAPE = re.compile(r"\\(.)")
 _SIMPLE = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
            "vllm:kv_cache_usage_perc": "kv_usage"}
 _SUMMED = {"laps_pending_prefill_tokens": "pending_tokens", "laps_kv_pages_used": "pages_used"}
-_READ = {*_SIMPLE, *_SUMMED, "laps_short_threshold_tokens", "vllm:cache_config_info"}
+_READ = {*_SIMPLE, *_SUMMED, "laps_short_threshold_tokens", "laps_long_chunk_tokens",
+         "vllm:cache_config_info"}
 
 
 def _unescape(m: re.Match) -> str:
@@ -240,6 +243,8 @@ def parse_metrics(text: str) -> MetricsReport:
             r.pending_short = (r.pending_short or 0.0) + value
         elif name == "laps_short_threshold_tokens":
             r.threshold = int(value)
+        elif name == "laps_long_chunk_tokens":
+            r.long_chunk = int(value)
         elif name == "vllm:cache_config_info":
             try:
                 r.block_size = int(labels["block_size"])

@@ -110,6 +110,10 @@ class _Live:
                                 "request with no cached prefix is short (this instance's "
                                 "latency-model cut; routers read it)",
                                 value=self.dispatcher.derived.threshold(0))
+        yield GaugeMetricFamily("laps_long_chunk_tokens", "Prompt tokens of one long-pool "
+                                "step: what a short request admitted behind long work waits "
+                                "out (routers read it)",
+                                value=self.dispatcher.derived.long_budget)
 
 
 # per-lane counters: (metric name, help, LaneCounters attribute)

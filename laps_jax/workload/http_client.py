@@ -193,6 +193,11 @@ async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: s
                         done = True
                         break
                     chunk = json.loads(data)
+                    if isinstance(chunk, dict) and chunk.get("error"):  # a router's or server's
+                        err = chunk["error"]                            # error event
+                        rec.error = "error event: " + str(
+                            err.get("message") if isinstance(err, dict) else err)
+                        continue
                     now = time.perf_counter()
                     new, text, finish, usage = read_chunk(config.api, chunk, len(ids), usage)
                     if new or text:
