@@ -823,7 +823,7 @@ def test_threshold_comes_from_the_instances_unless_given():
 
 def test_each_instance_s_reported_long_chunk_reaches_the_policy():
     from laps_jax.cluster.upstream import MetricsReport
-    r = _router(2, "laps", chunk_tokens=512.0)
+    r = _router(2, "laps")
     seen = {}
     real = r.policy.choose
     r.policy.choose = lambda *a, **kw: seen.update(kw) or real(*a, **kw)

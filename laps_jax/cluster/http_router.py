@@ -19,7 +19,7 @@ no gain live, docs/BENCHMARKS.md session 18), and the prefix of the prompt its c
 expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
 the one the instances report from their latency profiles (`laps_short_threshold_tokens`), and
 the long chunk a short request may wait out on an instance is the one it reports
-(`laps_long_chunk_tokens`; `chunk_tokens` until it does). Affinity needs the prompt's token ids:
+(`laps_long_chunk_tokens`; FALLBACK_CHUNK until it does). Affinity needs the prompt's token ids:
 a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
 (and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
 does. Without a tokenizer the router estimates a text's tokens from its length
@@ -60,6 +60,7 @@ DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
 PARSE_THREADS = 2
 INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
+FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
 GROUPED = ("length-aware", "laps")  # policies with short and long groups
 
 
@@ -102,7 +103,7 @@ class HTTPRouter:
 
     def __init__(self, urls: list[str], config: RouterConfig | None = None, *,
                  tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
-                 chunk_tokens: float = 512.0, max_inflight: int = 256,
+                 max_inflight: int = 256,
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  long_chunk_tokens: float | None = None):
         if not urls:
@@ -115,10 +116,9 @@ class HTTPRouter:
         self.instances = [Instance(u.rstrip("/")) for u in urls]
         self.policy = RoutingPolicy(len(urls), self.config,
                                     lambda new, cached: new <= self.threshold,
-                                    self.config.spill_s, chunk_tokens)
+                                    self.config.spill_s, FALLBACK_CHUNK)
         self.tokenizer, self.max_inflight = tokenizer, max_inflight
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
-        self.chunk_tokens = chunk_tokens  # an instance's long chunk until it reports its own
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
@@ -170,11 +170,11 @@ class HTTPRouter:
 
     def long_chunk(self, inst: Instance) -> float:
         """`long_chunk_tokens` if given, else the long chunk `inst` reports
-        (`laps_long_chunk_tokens`), else `chunk_tokens`."""
+        (`laps_long_chunk_tokens`), else FALLBACK_CHUNK (as `threshold`)."""
         if self.fixed_chunk is not None:
             return float(self.fixed_chunk)
         r = inst.report
-        return float(r.long_chunk) if r is not None and r.long_chunk else self.chunk_tokens
+        return float(r.long_chunk) if r is not None and r.long_chunk else FALLBACK_CHUNK
 
     def group(self, k: int) -> str | None:
         return self.policy.group[k] if self.config.policy in GROUPED else None

@@ -89,8 +89,12 @@ class Instance:
             self.blocks.clear()
         self.models = None  # read again when it comes back (it may serve another model)
 
-    def mark_unavailable(self, why: str, state: str = "unavailable") -> None:
-        self._enter(state, why)
+    def mark_unavailable(self, why: str) -> None:
+        self._enter("unavailable", why)
+
+    def mark_slow(self, why: str) -> None:
+        """As unavailable (no new work, in-flight work goes on); said apart in status and log."""
+        self._enter("slow", why)
 
     def mark_ok(self, report: MetricsReport, poll_started: float) -> None:
         self._enter("ok", None)
@@ -146,8 +150,8 @@ async def poll_once(inst: Instance, session: aiohttp.ClientSession,
                 inst.max_model_len = min((n for n in lens if isinstance(n, int)), default=None)
     except TimeoutError:
         if time.monotonic() - inst.last_data < ALIVE_S:
-            inst.mark_unavailable(f"no answer to its health check in {timeout:g} s, but its "
-                                  "streams still flow", "slow")
+            inst.mark_slow(f"no answer to its health check in {timeout:g} s, but its streams "
+                           "still flow")
         else:
             inst.mark_down(f"no answer to its health check in {timeout:g} s")
         return
