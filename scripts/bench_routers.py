@@ -1,8 +1,14 @@
 """Live router benchmark: the same arrivals through each router in front of the same serve.py
 instances, several rounds, median and range (laps_jax/bench/routers.py; docs/BENCHMARKS.md).
 
-    python scripts/bench_routers.py --rounds 3 --max-requests 60 --length-scale 0.25 \\
-        --time-scale 0.1 --output-dir runs/routers
+    python scripts/bench_routers.py --rounds 3 --max-requests 60 --max-requests-for azure=200 \\
+        --length-scale 0.25 --time-scale 2.2 --time-scale-for sessions=0.08 \\
+        --time-scale-for mooncake=15 --output-dir runs/routers
+
+Choose each trace's time scale for a load the instances can serve (a round-robin round
+missing a few percent of its SLOs): at their limit every instance is busy and every router
+looks alike (docs/BENCHMARKS.md, session 20). A time scale is not a load from one day to the
+next on a shared machine: the isolated-TTFT ladder printed first says how fast it is today.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ def parse_args(argv):
     ap.add_argument("--time-scale-for", action="append", default=[], metavar="KIND=X",
                     help="--time-scale for one trace kind (repeat), so each trace can be "
                          "replayed at a comparable load")
+    ap.add_argument("--max-requests-for", action="append", default=[], metavar="KIND=N",
+                    help="--max-requests for one trace kind (repeat): enough requests for "
+                         "rare violations to count on one trace, a short replay on another")
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
                     help="comma-separated: POLICY of scripts/router.py, or smg:POLICY, or "
                          "LABEL=POLICY FLAGS... to add the router's own flags under a name "
@@ -75,17 +84,32 @@ def parse_args(argv):
         args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
     except (ValueError, IndexError) as e:
         ap.error(str(e))
-    try:
-        args.time_scale_for = {k: float(x) for k, x in
-                               (kv.split("=", 1) for kv in args.time_scale_for)}
-    except ValueError:
-        ap.error("--time-scale-for takes KIND=NUMBER")
-    bad = [k for k, _ in args.trace + list(args.time_scale_for.items()) if k not in FORMATS]
+    for flag, cast in (("time_scale_for", float), ("max_requests_for", int)):
+        try:
+            setattr(args, flag, {k: cast(x) for k, x in
+                                 (kv.split("=", 1) for kv in getattr(args, flag))})
+        except ValueError:
+            ap.error(f"--{flag.replace('_', '-')} takes KIND={cast.__name__.upper()}")
+    if any(n < 1 for n in args.max_requests_for.values()):
+        ap.error("--max-requests-for takes KIND=N with N >= 1")
+    bad = [k for k, _ in args.trace + list(args.time_scale_for.items())
+           + list(args.max_requests_for.items()) if k not in FORMATS]
     if args.slo_scale < 0 or args.slo_ms <= 0:
         ap.error("--slo-scale must be >= 0 and --slo-ms > 0")
     if bad or args.rounds < 1 or args.instances < 1:
         ap.error(f"bad --trace kind {bad}" if bad else "--rounds and --instances must be >= 1")
     return args
+
+
+def options_for(args, kind: str, vocab: int):
+    """The trace options of one trace kind: the common flags, then its own --*-for ones."""
+    opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
+                                   seed=args.seed)
+    if kind in args.time_scale_for:
+        opts = dataclasses.replace(opts, time_scale=args.time_scale_for[kind])
+    if kind in args.max_requests_for:
+        opts = dataclasses.replace(opts, max_requests=args.max_requests_for[kind])
+    return opts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = resolve_model(args.model)[0].vocab_size
     serve_args = ["--model", args.model, "--max-model-len", str(args.max_model_len),
                   *shlex.split(args.serve_args)]
-    works = {}
-    for kind, path in args.trace:
-        opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
-                                       seed=args.seed)
-        if kind in args.time_scale_for:
-            opts = dataclasses.replace(opts, time_scale=args.time_scale_for[kind])
-        works[kind] = load(kind, path, opts)
+    works = {kind: load(kind, path, options_for(args, kind, vocab)) for kind, path in args.trace}
     os.makedirs(args.output_dir, exist_ok=True)
     logs = tempfile.mkdtemp(prefix="bench_routers_", dir=args.output_dir)
     cpus = [int(c) for c in args.pin_cpus.split(",")] if args.pin_cpus else None

@@ -123,3 +123,26 @@ def test_sglang_stream_chunks_read_as_new_tokens():
         seen += new
     assert seen == [9, 8, 7] and finish == "length"
     assert usage == {"completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def test_per_trace_time_scale_and_request_count():
+    """--time-scale-for / --max-requests-for set one trace kind's options and leave the others
+    at the common flags; a malformed or unknown-kind value is a usage error."""
+    import importlib.util
+    import os
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("_bench_routers_script",
+                                                  os.path.join(root, "scripts", "bench_routers.py"))
+    script = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, root)
+    spec.loader.exec_module(script)
+    args = script.parse_args(["--output-dir", "o", "--max-requests", "60", "--time-scale", "0.5",
+                              "--max-requests-for", "azure=200", "--time-scale-for", "mooncake=4"])
+    azure, moon = (script.options_for(args, k, 1000) for k in ("azure", "mooncake"))
+    assert (azure.max_requests, azure.time_scale) == (200, 0.5)
+    assert (moon.max_requests, moon.time_scale) == (60, 4.0)
+    for bad in (["--max-requests-for", "azure=x"], ["--max-requests-for", "azure=0"],
+                ["--max-requests-for", "nosuch=5"], ["--time-scale-for", "azure"]):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--output-dir", "o", *bad])
