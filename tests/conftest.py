@@ -6,6 +6,7 @@ executables; the persistent compilation cache makes subprocess tests and re-runs
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -18,6 +19,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 from laps_jax.engine.executables import enable_persistent_cache  # noqa: E402
 
 enable_persistent_cache()
+
+
+def load_script(name: str):
+    """`scripts/<name>.py` as a module (the scripts are not a package), to call its parser or
+    main in-process."""
+    spec = importlib.util.spec_from_file_location(f"_script_{name}",
+                                                  os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    spec.loader.exec_module(module)
+    return module
 
 # name -> keyword arguments of hf_fixtures.make_tiny_qwen2_checkpoint
 CHECKPOINTS = {

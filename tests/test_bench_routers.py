@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from conftest import load_script
 from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.workload.http_client import RequestRecord, read_chunk, request_body
@@ -128,15 +129,7 @@ def test_sglang_stream_chunks_read_as_new_tokens():
 def test_per_trace_time_scale_and_request_count():
     """--time-scale-for / --max-requests-for set one trace kind's options and leave the others
     at the common flags; a malformed or unknown-kind value is a usage error."""
-    import importlib.util
-    import os
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("_bench_routers_script",
-                                                  os.path.join(root, "scripts", "bench_routers.py"))
-    script = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, root)
-    spec.loader.exec_module(script)
+    script = load_script("bench_routers")
     args = script.parse_args(["--output-dir", "o", "--max-requests", "60", "--time-scale", "0.5",
                               "--max-requests-for", "azure=200", "--time-scale-for", "mooncake=4"])
     azure, moon = (script.options_for(args, k, 1000) for k in ("azure", "mooncake"))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import load_script
 from laps_jax.workload.generator import (LMSYS_FIRST_TURN, LMSYS_LATER_TURN, LengthMixture,
                                          LogNormal, SessionGenConfig, generate_sessions)
 from laps_jax.workload.records import (TokenSpace, TraceFormatError, TraceOptions, summarize)
@@ -234,10 +234,7 @@ def test_mixture_fit_rejects_unreachable_target():
 
 
 def test_make_sessions_cli(tmp_path):
-    spec = importlib.util.spec_from_file_location("make_sessions",
-                                                  REPO / "scripts" / "make_sessions.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("make_sessions")
     out = tmp_path / "out" / "s.jsonl"
     args = ["--sessions", "20", "--seed", "4", "--rate", "2", "--output", str(out)]
     assert mod.main(args + ["--length-scale", "0.5"]) == 0

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
+from conftest import load_script
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
 from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
 from laps_jax.workload.records import Trace, TraceOptions
@@ -105,23 +104,13 @@ def test_trace_is_required_unless_the_script_has_a_default():
         _parser(only=("requests",))
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}",
-                                                  os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_three_scripts_read_the_same_flags_the_same_way():
     flags = ["--trace", "x.jsonl", "--trace-format", "sessions", "--max-requests", "7",
              "--length-scale", "0.4", "--time-scale", "0.5"]
     parsed = [
-        _script("compare_modes").parse(flags + ["--output-dir", "out"]),
-        _script("bench_serving").parse_args(flags + ["--base-url", "http://h", "--output", "o"]),
-        _script("simulate").parse(["run"] + flags),
+        load_script("compare_modes").parse(flags + ["--output-dir", "out"]),
+        load_script("bench_serving").parse_args(flags + ["--base-url", "http://h", "--output", "o"]),
+        load_script("simulate").parse(["run"] + flags),
     ]
     opts = {trace_options_from_args(a) for a in parsed}
     assert opts == {TraceOptions(max_requests=7, length_scale=0.4, time_scale=0.5)}
@@ -131,7 +120,7 @@ def test_the_three_scripts_read_the_same_flags_the_same_way():
 def test_simulate_replays_a_trace_file_as_its_workload_would(tmp_path, capsys):
     """`simulate.py run --trace FILE --max-requests N` is `--workload KIND --requests N` (one
     instance): the same requests, the same simulated latencies."""
-    sim = _script("simulate")
+    sim = load_script("simulate")
     common = ["--mode", "laps", "--load", "0.6", "--trace-dir", os.path.dirname(_real("azure"))]
     outs = []
     for i, how in enumerate((["--workload", "azure", "--requests", "40"],
