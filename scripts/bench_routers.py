@@ -2,8 +2,8 @@
 instances, several rounds, median and range (laps_jax/bench/routers.py; docs/BENCHMARKS.md).
 
     python scripts/bench_routers.py --rounds 3 --max-requests 60 --max-requests-for azure=200 \\
-        --length-scale 0.25 --time-scale 2.2 --time-scale-for sessions=0.08 \\
-        --time-scale-for mooncake=15 --output-dir runs/routers
+        --length-scale 0.25 --length-scale-for mooncake=0.1 --time-scale 2.2 \\
+        --time-scale-for sessions=0.15 --time-scale-for mooncake=5 --output-dir runs/routers
 
 Choose each trace's time scale for a load the instances can serve (a round-robin round
 missing a few percent of its SLOs): at their limit every instance is busy and every router
@@ -32,6 +32,17 @@ TRACES = (f"azure:{HERE}/../../shared/traces/azure_llm_2023_conv.csv",
           f"sessions:{HERE}/../docs/data/sessions_200.jsonl")
 
 
+# A trace option one trace kind may set for itself: (valid value, metavar, why)
+PER_KIND = {
+    "time_scale": (lambda v: 0 <= v < float("inf"), "X",
+                   "each trace replayed at a load the instances can serve"),
+    "max_requests": (lambda n: n >= 1, "N", "enough requests for rare violations to count on "
+                     "one trace, a short replay on another"),
+    "length_scale": (lambda v: 0 < v < float("inf"), "X", "a long-context trace (Mooncake) cut "
+                     "further than the others, so its replay stays short"),
+}
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="append", metavar="KIND:PATH",
@@ -39,12 +50,10 @@ def parse_args(argv):
                          "default: the Azure conversation trace, the Mooncake trace and "
                          "docs/data/sessions_200.jsonl)")
     add_trace_args(ap, only=("max_requests", "length_scale", "time_scale"))
-    ap.add_argument("--time-scale-for", action="append", default=[], metavar="KIND=X",
-                    help="--time-scale for one trace kind (repeat), so each trace can be "
-                         "replayed at a comparable load")
-    ap.add_argument("--max-requests-for", action="append", default=[], metavar="KIND=N",
-                    help="--max-requests for one trace kind (repeat): enough requests for "
-                         "rare violations to count on one trace, a short replay on another")
+    for field, (_, meta, why) in PER_KIND.items():
+        ap.add_argument(f"--{field.replace('_', '-')}-for", dest=f"{field}_for", action="append",
+                        default=[], metavar=f"KIND={meta}",
+                        help=f"--{field.replace('_', '-')} for one trace kind (repeat): {why}")
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
                     help="comma-separated: POLICY of scripts/router.py, or smg:POLICY, or "
                          "LABEL=POLICY FLAGS... to add the router's own flags under a name "
@@ -84,20 +93,23 @@ def parse_args(argv):
         args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
     except (ValueError, IndexError) as e:
         ap.error(str(e))
-    for flag, cast in (("time_scale_for", float), ("max_requests_for", int)):
+    for field, (ok, meta, _) in PER_KIND.items():
+        flag, cast = f"--{field.replace('_', '-')}-for", float if meta == "X" else int
         try:
-            setattr(args, flag, {k: cast(x) for k, x in
-                                 (kv.split("=", 1) for kv in getattr(args, flag))})
+            pairs = (kv.split("=", 1) for kv in getattr(args, f"{field}_for"))
+            values = {k: cast(x) for k, x in pairs}
         except ValueError:
-            ap.error(f"--{flag.replace('_', '-')} takes KIND={cast.__name__.upper()}")
-    if any(n < 1 for n in args.max_requests_for.values()):
-        ap.error("--max-requests-for takes KIND=N with N >= 1")
-    bad = [k for k, _ in args.trace + list(args.time_scale_for.items())
-           + list(args.max_requests_for.items()) if k not in FORMATS]
+            ap.error(f"{flag} takes KIND={meta}")
+        if not all(ok(v) for v in values.values()):
+            ap.error(f"{flag}: {field.replace('_', ' ')} out of range in {values}")
+        setattr(args, f"{field}_for", values)
+    bad = [k for k, _ in args.trace if k not in FORMATS]
+    bad += [k for field in PER_KIND for k in getattr(args, f"{field}_for") if k not in FORMATS]
     if args.slo_scale < 0 or args.slo_ms <= 0:
         ap.error("--slo-scale must be >= 0 and --slo-ms > 0")
     if bad or args.rounds < 1 or args.instances < 1:
-        ap.error(f"bad --trace kind {bad}" if bad else "--rounds and --instances must be >= 1")
+        ap.error(f"unknown trace kind {bad} (one of {', '.join(FORMATS)})" if bad
+                 else "--rounds and --instances must be >= 1")
     return args
 
 
@@ -105,11 +117,9 @@ def options_for(args, kind: str, vocab: int):
     """The trace options of one trace kind: the common flags, then its own --*-for ones."""
     opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
                                    seed=args.seed)
-    if kind in args.time_scale_for:
-        opts = dataclasses.replace(opts, time_scale=args.time_scale_for[kind])
-    if kind in args.max_requests_for:
-        opts = dataclasses.replace(opts, max_requests=args.max_requests_for[kind])
-    return opts
+    own = {field: getattr(args, f"{field}_for")[kind] for field in PER_KIND
+           if kind in getattr(args, f"{field}_for")}
+    return dataclasses.replace(opts, **own)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,16 +126,21 @@ def test_sglang_stream_chunks_read_as_new_tokens():
     assert usage == {"completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 16}}
 
 
-def test_per_trace_time_scale_and_request_count():
-    """--time-scale-for / --max-requests-for set one trace kind's options and leave the others
-    at the common flags; a malformed or unknown-kind value is a usage error."""
+def test_per_trace_time_scale_request_count_and_length_scale():
+    """--time-scale-for / --max-requests-for / --length-scale-for set one trace kind's options
+    and leave the others at the common flags; a malformed, out-of-range or unknown-kind value
+    is a usage error."""
     script = load_script("bench_routers")
     args = script.parse_args(["--output-dir", "o", "--max-requests", "60", "--time-scale", "0.5",
-                              "--max-requests-for", "azure=200", "--time-scale-for", "mooncake=4"])
+                              "--length-scale", "0.25", "--max-requests-for", "azure=200",
+                              "--time-scale-for", "mooncake=4",
+                              "--length-scale-for", "mooncake=0.1"])
     azure, moon = (script.options_for(args, k, 1000) for k in ("azure", "mooncake"))
-    assert (azure.max_requests, azure.time_scale) == (200, 0.5)
-    assert (moon.max_requests, moon.time_scale) == (60, 4.0)
+    assert (azure.max_requests, azure.time_scale, azure.length_scale) == (200, 0.5, 0.25)
+    assert (moon.max_requests, moon.time_scale, moon.length_scale) == (60, 4.0, 0.1)
     for bad in (["--max-requests-for", "azure=x"], ["--max-requests-for", "azure=0"],
-                ["--max-requests-for", "nosuch=5"], ["--time-scale-for", "azure"]):
+                ["--max-requests-for", "nosuch=5"], ["--time-scale-for", "azure"],
+                ["--time-scale-for", "azure=-1"], ["--length-scale-for", "mooncake=0"],
+                ["--length-scale-for", "mooncake=nan"], ["--length-scale-for", "x=0.1"]):
         with pytest.raises(SystemExit):
             script.parse_args(["--output-dir", "o", *bad])

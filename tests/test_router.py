@@ -296,14 +296,15 @@ def test_mark_down_ends_inflight_and_forgets_cache_and_load():
     asyncio.run(go())
 
 
-def test_a_timed_out_poll_is_slow_while_streams_flow_and_down_when_silent(caplog):
-    """An instance that does not answer a poll in time is dead only if nothing it sends has
-    come back lately either: a busy instance whose streams flow keeps them, and its cache."""
+def test_a_timed_out_poll_is_slow_until_the_instance_has_been_silent_dead_s(caplog):
+    """An instance that does not answer a poll in time is dead only once nothing has come
+    from it (poll answers, bytes of answers) for DEAD_S: a stalled instance keeps its streams
+    and its cache; a slow one's polls wait only until it would count as dead."""
     import logging
 
     import aiohttp
 
-    from laps_jax.cluster.instances import ALIVE_S, Instance, poll_once
+    from laps_jax.cluster.instances import DEAD_S, Instance, poll_once
 
     async def go():
         hold = asyncio.Event()
@@ -325,21 +326,30 @@ def test_a_timed_out_poll_is_slow_while_streams_flow_and_down_when_silent(caplog
                 inst.last_data = time.monotonic()  # a stream chunk just came back
                 await poll_once(inst, http, timeout=0.2)
                 states.append((inst.state, fut.done(), len(inst.blocks)))
-                inst.last_data = time.monotonic() - ALIVE_S - 0.3  # silent since
-                await poll_once(inst, http, timeout=0.2)
+                inst.last_ok = None  # no stream either: the last poll answered long ago
+                inst.last_data = time.monotonic() - 1.0
+                await poll_once(inst, http, timeout=0.2)  # silent 1.2 s: still slow
+                states.append((inst.state, fut.done(), len(inst.blocks)))
+                inst.last_data = time.monotonic() - (DEAD_S - 0.08)
+                t0 = time.monotonic()
+                await poll_once(inst, http, timeout=0.6)  # waits 0.08 s, not 0.6
+                waited = time.monotonic() - t0
                 states.append((inst.state, fut.done(), len(inst.blocks)))
         finally:
             hold.set()
             server.close()
-        return states
+        return states, waited
 
+    assert DEAD_S < 2.0  # #24: a hung instance's requests end within 2 s
     with caplog.at_level(logging.INFO, logger="laps_jax.router"):
-        states = asyncio.run(go())
-    assert states == [("slow", False, 4), ("down", True, 0)]
+        states, waited = asyncio.run(go())
+    assert states == [("slow", False, 4), ("slow", False, 4), ("down", True, 0)]
+    assert 0.07 <= waited < 0.4, waited
     said = [r.getMessage() for r in caplog.records if r.name == "laps_jax.router"]
-    assert any(": slow (no answer to its health check in 0.2 s, but its streams" in m
+    assert any(": slow (no answer to its health check in 0.2 s; last sign of life" in m
                for m in said), said
-    assert any(m.endswith(": down (no answer to its health check in 0.2 s)") for m in said)
+    assert any(": down (silent for " in m and "no answer to its health checks" in m
+               for m in said), said
 
 
 def test_estimate_reads_prompts():

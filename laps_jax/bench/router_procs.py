@@ -143,14 +143,15 @@ def _models_ready(url: str) -> bool:
         return r.status == 200 and bool(json.loads(r.read()).get("data"))
 
 
-def start_router(spec: RouterSpec, urls: list[str], log_dir: str, timeout: float = 120.0
-                 ) -> Process:
+def start_router(spec: RouterSpec, urls: list[str], log_dir: str, tag: str = "",
+                 timeout: float = 120.0) -> Process:
     """The router in front of `urls`, once it answers /v1/models with a model (smg registers
     its workers in the background after it listens) and, for smg, a short settling wait for
-    its first health round over every worker."""
+    its first health round over every worker. Its log: `log_dir/router_[TAG_]NAME.log`."""
     port = free_port()
+    name = "_".join(x for x in (tag, spec.name.replace(":", "_")) if x)
     p = Process(spec.command(urls, port, free_port()), port,
-                os.path.join(log_dir, f"router_{spec.name.replace(':', '_')}.log"))
+                os.path.join(log_dir, f"router_{name}.log"))
     try:
         p.wait(_models_ready, timeout)
         if spec.kind == "smg":

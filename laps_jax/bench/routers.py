@@ -63,12 +63,13 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
               target_ms=None) -> dict[str, dict]:
     """One replay of `work` through each router in turn: {router name: figures}. With a
     `tag`, every request's record (and our routers' final /router/status: routes, groups,
-    moves) goes to `log_dir/requests_TAG_ROUTER.jsonl`, to see why a router missed."""
+    moves) goes to `log_dir/requests_TAG_ROUTER.jsonl`, to see why a router missed, and the
+    router's own log to `log_dir/router_TAG_ROUTER.log` (one per replay)."""
     urls = [p.url for p in instances]
     out = {}
     for spec in routers:
         flush_caches(urls)
-        router = start_router(spec, urls, log_dir)
+        router = start_router(spec, urls, log_dir, tag)
         status = None
         pids = {"router": [router.proc.pid], "instances": [p.proc.pid for p in instances],
                 "client": [os.getpid()]}  # (the replay runs in this process)

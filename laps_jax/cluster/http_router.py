@@ -46,11 +46,12 @@ import time
 import aiohttp
 from aiohttp import web
 
-from laps_jax.cluster.instances import Instance, poll_forever
+from laps_jax.cluster.instances import Instance, log, poll_forever
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
 from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes
+from laps_jax.server import loop_lag
 from laps_jax.server.app import STATE, ServerState, _read_body, decode_json, errors_and_auth
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
 
@@ -302,6 +303,7 @@ def create_router_app(router: HTTPRouter, api_key: str | None = None,
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
+    loop_lag.watch(app, log)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

@@ -3,25 +3,27 @@
 Each instance is polled every `POLL_INTERVAL_S` (GET /health, then GET /metrics; /v1/models
 when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
 
-- unreachable (refused, reset, timed out, /metrics unreadable): the instance is **down**: it
-  leaves the rotation, the requests in flight on it end at once (the proxy answers them 502,
-  or an error event on a stream: `fail_inflight`), and what the router knew of its cache and
-  load is dropped (a restarted process has an empty cache); except
-- timed out while its streams still flow (a byte of an answer relayed from it in the last
-  `ALIVE_S`): **slow**, not dead: a hung process sends nothing, and its streams are written by
-  the same event loop that would answer the poll. It takes no new requests (as unavailable),
-  those in flight go on, its cache and load are kept. Seen live: three instances on two
-  cores, one missed a 1 s poll in one replay of 18 and the router cut its 15 streams;
+- refused, reset, /metrics unreadable, or silent for `DEAD_S` (no poll answered and no byte
+  of an answer relayed from it for that long): the instance is **down**: it leaves the
+  rotation, the requests in flight on it end at once (the proxy answers them 502, or an error
+  event on a stream: `fail_inflight`), and what the router knew of its cache and load is
+  dropped (a restarted process has an empty cache);
+- a poll timed out, but not yet silent that long: **slow**. It takes no new requests (as
+  unavailable); those in flight go on, its cache and load are kept. Seen live: three
+  instances on two cores, one stalled past a 1 s poll now and then (session 19: once in 18
+  replays; session 21: twice in one) and came back within half a second, and each time a
+  router that took one missed poll for death cut every stream on it (15, then 32). A busy
+  instance whose streams flow is never silent, so it stays slow until a poll gets through;
 - /health answering anything but 200 (draining, stalled): **unavailable**: no new requests,
   those in flight go on (a draining instance finishes its work);
 - /health 200 and /metrics read: **ok**, in the rotation; its load report is taken.
 
-A dead instance leaves the rotation within POLL_INTERVAL_S + POLL_TIMEOUT_S (1.5 s), slow or
-not: a poll can only find it slow when the last byte came in the second half of that poll's
-wait, so the instance stopped after it, and the next poll, sent at once, finds it silent for
-over a second (down) before 1.5 s have passed since it stopped. One whose process is gone
-fails its next poll at once (connection refused), and its streams fail sooner still, when
-their connections break. Every change of state is logged (logger `laps_jax.router`).
+A hung instance leaves the rotation within POLL_INTERVAL_S + POLL_TIMEOUT_S (1.5 s): the first
+poll sent after it stopped times out by then. While it is slow, each poll waits only until the
+instance has been silent `DEAD_S`, so it is down, and its requests end, `DEAD_S` (1.7 s) after
+its last sign of life at the latest. One whose process is gone fails its next poll at once
+(connection refused), and its streams fail sooner still, when their connections break. Every
+change of state is logged (logger `laps_jax.router`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from laps_jax.cluster.upstream import BlockIndex, LoadBook, MetricsReport, parse
 
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 1.0
-ALIVE_S = 0.5  # a byte relayed from an instance this recently: a timed-out poll means slow
+DEAD_S = 1.7  # silent this long (no poll answered, no byte relayed): down (#24: within 2 s)
 
 log = logging.getLogger("laps_jax.router")
 
@@ -66,6 +68,10 @@ class Instance:
     def decoding(self) -> int:
         """The router's requests here past their first token, still streaming."""
         return max(len(self.inflight) - self.load.open_requests, 0)
+
+    def silent_s(self, now: float) -> float:
+        """Seconds since its last sign of life: a poll answered or a byte of an answer relayed."""
+        return now - max(self.last_ok if self.last_ok is not None else -1e9, self.last_data)
 
     def fail_inflight(self) -> None:
         """Ends every request in flight here: each proxy's wait for its answer races its
@@ -126,6 +132,8 @@ class Instance:
 async def poll_once(inst: Instance, session: aiohttp.ClientSession,
                     headers: dict | None = None, timeout: float = POLL_TIMEOUT_S) -> None:
     started = time.monotonic()
+    if inst.state == "slow":  # a missed poll: wait no longer than until it counts as dead
+        timeout = min(timeout, max(DEAD_S - inst.silent_s(started), 0.01))
     try:
         async with asyncio.timeout(timeout):
             async with session.get(inst.url + "/health") as r:
@@ -149,11 +157,13 @@ async def poll_once(inst: Instance, session: aiohttp.ClientSession,
                 inst.models = models
                 inst.max_model_len = min((n for n in lens if isinstance(n, int)), default=None)
     except TimeoutError:
-        if time.monotonic() - inst.last_data < ALIVE_S:
-            inst.mark_slow(f"no answer to its health check in {timeout:g} s, but its streams "
-                           "still flow")
+        silent = inst.silent_s(time.monotonic())
+        if silent < DEAD_S:
+            inst.mark_slow(f"no answer to its health check in {timeout:.2g} s; "
+                           f"last sign of life {silent:.2f} s ago")
         else:
-            inst.mark_down(f"no answer to its health check in {timeout:g} s")
+            inst.mark_down(f"silent for {silent:.1f} s: no answer to its health checks, "
+                           "nothing relayed")
         return
     except (aiohttp.ClientError, OSError, ValueError) as e:
         inst.mark_down(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)

@@ -24,6 +24,7 @@ import logging
 
 from aiohttp import web
 
+from laps_jax.server import loop_lag
 from laps_jax.server.metrics import ServerMetrics
 from laps_jax.server.output import (ResponseBuilder, TextStream, chat_logprobs,
                                     completion_logprobs, usage)
@@ -349,6 +350,7 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
         state.parse_pool.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(close_pool)
+    loop_lag.watch(app, log)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

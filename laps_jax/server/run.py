@@ -17,6 +17,7 @@ from aiohttp import web
 from laps_jax.cli import add_engine_args, build_engine, setup_logging
 from laps_jax.scheduler import flags as scheduler_flags
 from laps_jax.server import dry_run
+from laps_jax.server.loop_lag import freeze_startup_heap
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +103,9 @@ async def serve(args, log) -> int:
         await dispatcher.lanes[0].executor.warmup_transfer()
         state.pd = PDServer(pd_config(args), dispatcher)
         log(f"role {args.role}: KV transfer server at {state.pd.remote.address}")
+    # full collections no longer walk the model (no 1 s loop stalls); before the app starts,
+    # so the collection it makes first is not one of them
+    freeze_startup_heap()
     app = create_app(state, args.max_request_bytes)
     runner = make_runner(app, args.read_timeout or None, access_log=None,
                          handler_cancellation=True)
