@@ -32,13 +32,13 @@ TRACES = (f"azure:{HERE}/../../shared/traces/azure_llm_2023_conv.csv",
           f"sessions:{HERE}/../docs/data/sessions_200.jsonl")
 
 
-# A trace option one trace kind may set for itself: (valid value, metavar, why)
+# A trace option one trace kind may set for itself: (type, valid value, why)
 PER_KIND = {
-    "time_scale": (lambda v: 0 <= v < float("inf"), "X",
+    "time_scale": (float, lambda v: 0 <= v < float("inf"),
                    "each trace replayed at a load the instances can serve"),
-    "max_requests": (lambda n: n >= 1, "N", "enough requests for rare violations to count on "
+    "max_requests": (int, lambda n: n >= 1, "enough requests for rare violations to count on "
                      "one trace, a short replay on another"),
-    "length_scale": (lambda v: 0 < v < float("inf"), "X", "a long-context trace (Mooncake) cut "
+    "length_scale": (float, lambda v: 0 < v < float("inf"), "a long-context trace (Mooncake) cut "
                      "further than the others, so its replay stays short"),
 }
 
@@ -50,7 +50,8 @@ def parse_args(argv):
                          "default: the Azure conversation trace, the Mooncake trace and "
                          "docs/data/sessions_200.jsonl)")
     add_trace_args(ap, only=("max_requests", "length_scale", "time_scale"))
-    for field, (_, meta, why) in PER_KIND.items():
+    for field, (cast, _, why) in PER_KIND.items():
+        meta = "N" if cast is int else "X"
         ap.add_argument(f"--{field.replace('_', '-')}-for", dest=f"{field}_for", action="append",
                         default=[], metavar=f"KIND={meta}",
                         help=f"--{field.replace('_', '-')} for one trace kind (repeat): {why}")
@@ -93,8 +94,8 @@ def parse_args(argv):
         args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
     except (ValueError, IndexError) as e:
         ap.error(str(e))
-    for field, (ok, meta, _) in PER_KIND.items():
-        flag, cast = f"--{field.replace('_', '-')}-for", float if meta == "X" else int
+    for field, (cast, ok, _) in PER_KIND.items():
+        flag, meta = f"--{field.replace('_', '-')}-for", "N" if cast is int else "X"
         try:
             pairs = (kv.split("=", 1) for kv in getattr(args, f"{field}_for"))
             values = {k: cast(x) for k, x in pairs}
