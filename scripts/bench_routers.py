@@ -125,6 +125,7 @@ def options_for(args, kind: str, vocab: int):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    rp.exit_on_sigterm()  # a stopped run keeps its results and leaves no instance
     from laps_jax.config import resolve_model
     vocab = resolve_model(args.model)[0].vocab_size
     serve_args = ["--model", args.model, "--max-model-len", str(args.max_model_len),
@@ -158,22 +159,29 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.slo_ms, args.short_threshold, logs, say,
                                                  tag=f"{kind}_r{r + 1}",
                                                  target_ms=target_ms))
+                write_results(args, isolated, rounds, complete=False)
     finally:
         for p in instances:
             p.stop()
+    print(write_results(args, isolated, rounds, complete=True))
+    return 0
+
+
+def write_results(args, isolated, rounds: dict[str, list], complete: bool) -> str:
+    """routers.json and routers.md from the rounds done so far (written after every trace's
+    round, so a run stopped early keeps them; `complete` says whether it ran to its end)."""
     out = {"args": {k: v for k, v in vars(args).items() if k != "routers"},
            "routers": [s.name for s in args.routers], "xla_flags": rp.ONE_THREAD_XLA_FLAGS,
-           "isolated_ttft": isolated.to_json() if isolated else None,
+           "complete": complete, "isolated_ttft": isolated.to_json() if isolated else None,
            "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
-                      for kind, rs in rounds.items()}}
+                      for kind, rs in rounds.items() if rs}}
     with open(os.path.join(args.output_dir, "routers.json"), "w") as f:
         json.dump(out, f, indent=1)
     text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
                    for kind, v in out["traces"].items())
     with open(os.path.join(args.output_dir, "routers.md"), "w") as f:
         f.write(text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

@@ -87,8 +87,14 @@ def test_summary_medians_ranges_and_median_of_ratios():
     assert s["ratios"]["smg:cache_aware"]["laps"]["ttft_ms_p90"] == pytest.approx(0.7 / 0.8)
     assert s["ratios"]["round-robin"]["round-robin"]["throughput_tokens_per_s"] == 1.0
     assert s["ratios"]["round-robin"]["laps"]["failed"] == 1.0  # 0 / 0: no difference
+    want_v = sum(round(r["laps"]["slo_violation_rate"] * 60) for r in rounds if "laps" in r)
+    assert s["pooled"]["laps"] == {"violations": want_v, "requests": 240, "rate": want_v / 240}
     table = rb.markdown(s)
     assert table.count("\n") == 2 + 3 and "| laps | " in table and "viol. / round-robin" in table
+    rr = s["pooled"]["round-robin"]
+    assert f"| laps | {s['routers']['laps']['slo_violation_rate']['median']:.1%}" in table
+    assert f"| {want_v} / 240 |" in table
+    assert f"| {(want_v / 240) / rr['rate']:.2f} |" in table  # pooled / round-robin
     only_ours = rb.summarize([{"laps": rounds[0]["laps"]}])
     assert only_ours["ratios"] == {}
 
@@ -144,3 +150,97 @@ def test_per_trace_time_scale_request_count_and_length_scale():
                 ["--length-scale-for", "mooncake=nan"], ["--length-scale-for", "x=0.1"]):
         with pytest.raises(SystemExit):
             script.parse_args(["--output-dir", "o", *bad])
+
+
+def test_results_are_written_after_each_round_and_say_whether_the_run_ended(tmp_path):
+    """A run stopped early keeps routers.json/.md of the rounds it finished (marked incomplete);
+    a trace with no finished round yet is left out rather than summarised as empty."""
+    import json
+
+    from laps_jax.bench.isolated import IsolatedTTFT
+    script = load_script("bench_routers")
+    args = script.parse_args(["--output-dir", str(tmp_path), "--routers", "round-robin,laps"])
+    rng = random.Random(2)
+    rounds = {"azure": [_round({"round-robin": 1.0, "laps": 0.6}, rng)], "mooncake": []}
+    iso = IsolatedTTFT((8, 256), (10.0, 40.0))
+    text = script.write_results(args, iso, rounds, complete=False)
+    out = json.loads((tmp_path / "routers.json").read_text())
+    assert out["complete"] is False and list(out["traces"]) == ["azure"]
+    assert out["isolated_ttft"] == {"tokens": [8, 256], "ms": [10.0, 40.0]}
+    want = rounds["azure"][0]["laps"]["slo_violation_rate"]
+    got = out["traces"]["azure"]["summary"]["routers"]["laps"]["slo_violation_rate"]["median"]
+    assert got == pytest.approx(want)
+    assert (tmp_path / "routers.md").read_text() == text and "### azure" in text
+    rounds["azure"].append(_round({"round-robin": 1.0, "laps": 0.6}, rng))
+    rounds["mooncake"].append(_round({"round-robin": 1.0, "laps": 0.9}, rng))
+    script.write_results(args, iso, rounds, complete=True)
+    out = json.loads((tmp_path / "routers.json").read_text())
+    assert out["complete"] is True and len(out["traces"]["azure"]["rounds"]) == 2
+    assert list(out["traces"]) == ["azure", "mooncake"]
+
+
+def test_sigterm_runs_every_finally_so_no_instance_is_left_running(tmp_path):
+    """bench_routers stops its instances in `finally` blocks; SIGTERM (what stops a run started
+    in a shell's background, where SIGINT is ignored) must reach them, even from inside the
+    replay's event loop, instead of killing the process and orphaning its serve.py children."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "stopped"
+    code = f"""
+import asyncio, sys
+from laps_jax.bench import router_procs as rp
+rp.exit_on_sigterm()
+async def replay():
+    print("ready", flush=True)
+    await asyncio.sleep(60)
+try:
+    asyncio.run(replay())
+finally:
+    open({str(marker)!r}, "w").write("instances stopped")
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+    assert marker.read_text() == "instances stopped"
+
+
+def test_loop_stalls_are_read_from_each_process_metrics():
+    """The replay's stall count sums `laps_event_loop_stalls_total` over the processes; one
+    that does not export it (smg) or does not answer makes the count unknown, not zero."""
+    import http.server
+    import threading
+
+    pages = {"/a/metrics": "# TYPE laps_event_loop_stalls counter\n"
+                           "laps_event_loop_stalls_total 2.0\nlaps_event_loop_stalls_created 1.7e9\n",
+             "/b/metrics": "laps_event_loop_stalls_total 1.0\n",
+             "/smg/metrics": "smg_requests_total 5.0\n"}
+
+    class Pages(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write((body or "").encode())
+
+        def log_message(self, *_):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        assert rb.loop_stalls([base + "/a", base + "/b"]) == 3.0
+        assert rb.loop_stalls([base + "/a", base + "/smg"]) is None
+        assert rb.loop_stalls([base + "/a", base + "/gone"]) is None
+    finally:
+        srv.shutdown()

@@ -93,3 +93,27 @@ def test_short_delays_are_not_stalls():
     lag = LoopLag(logging.getLogger("test.loop_lag"), threshold_s=0.25)
     assert not lag.check(0.2, 0.2, 0.2) and lag.stalls == 0
     assert lag.check(0.3, 0.0, 0.0) and (lag.stalls, lag.worst_s) == (1, 0.3)
+
+
+def test_stalls_show_in_metrics_once_a_watch_is_attached():
+    """/metrics carries the watch's counts (serve.py's and the router's registries): nothing
+    before a watch is attached, then the stall count and the worst stall as `check` saw them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from laps_jax.server.loop_lag import LagMetrics
+
+    def scrape(reg) -> dict[str, float]:
+        text = generate_latest(reg).decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+    reg, metrics = CollectorRegistry(), LagMetrics()
+    reg.register(metrics)
+    assert scrape(reg) == {}
+    lag = LoopLag(logging.getLogger("test.loop_lag.metrics"), threshold_s=0.2)
+    metrics.lag = lag
+    assert lag.check(0.1, 0.0, 0.0) is False  # under the threshold: not a stall
+    assert lag.check(0.7, 0.5, 0.6) and lag.check(0.3, 0.0, 0.0)
+    got = scrape(reg)
+    assert got["laps_event_loop_stalls_total"] == 2
+    assert got["laps_event_loop_worst_stall_seconds"] == 0.7

@@ -567,6 +567,7 @@ def test_greedy_output_through_the_router_equals_an_instance(cluster, routed):
     with urllib.request.urlopen(routed.url + "/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'laps_router_instance_healthy{instance="%s"} 1.0' % procs[0].url in text
+    assert "\nlaps_event_loop_stalls_total " in text  # the router's own loop watch
 
 
 @pytest.mark.slow

@@ -103,3 +103,12 @@ def test_threshold_and_long_chunk_are_the_scheduler_s_own(srv):
     chunk = value(m, "laps_long_chunk_tokens")
     assert chunk == derived.long_budget
     assert 0 < chunk <= derived.budget  # one long step's tokens (several chunks may share it)
+
+
+def test_event_loop_stalls_are_exported(srv):
+    """The loop watch's counts are in /metrics (a stall is visible to whoever scrapes, not
+    only in the log): a count, and the worst stall, zero exactly when nothing stalled."""
+    m = scrape(srv)
+    stalls = value(m, "laps_event_loop_stalls_total")
+    worst = value(m, "laps_event_loop_worst_stall_seconds")
+    assert stalls >= 0 and (stalls == 0) == (worst == 0)

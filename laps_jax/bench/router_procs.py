@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -110,6 +111,13 @@ class Process:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does (SystemExit through every `finally`), so its
+    instances and routers stop with it instead of serving on, orphaned. A benchmark started
+    in the background of a shell ignores SIGINT: SIGTERM is what stops it."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def start_instances(n: int, serve_args: list[str], log_dir: str, cpus: list[int] | None = None,

@@ -39,7 +39,7 @@ from laps_jax.workload.http_replay import replay
 # what a router is judged on, and which way is better
 FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean",
            "ttft_ms_p90", "ttft_short_ms_p90", "throughput_tokens_per_s", "completed", "failed",
-           "router_cpu_ms_per_request")
+           "router_cpu_ms_per_request", "loop_stalls")
 REFERENCES = ("round-robin", "smg:cache_aware")
 # "round-robin" is plain data parallelism (#24's baseline): ours without its prefix-affinity rule
 DEFAULT_ROUTERS = ("round-robin=round-robin --no-affinity", "least-load", "laps",
@@ -74,12 +74,14 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         pids = {"router": [router.proc.pid], "instances": [p.proc.pid for p in instances],
                 "client": [os.getpid()]}  # (the replay runs in this process)
         try:
+            stalls0 = loop_stalls(urls)
             cpu0 = _cpu(pids)
             with CpuMeter() as meter:
                 result = asyncio.run(replay(router.url, work, ReplayConfig(
                     short_threshold=short_threshold, progress=False, api=spec.api)))
             cpu1 = _cpu(pids)
             status = _router_status(router.url) if spec.kind == "laps" else None
+            stalls = loop_stalls(urls + ([router.url] if spec.kind == "laps" else []))
         finally:
             router.stop()
         if tag:
@@ -88,6 +90,8 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
         out[spec.name]["steal_share"] = meter.steal  # the hypervisor's share of the cores
+        if stalls is not None and stalls0 is not None:  # event-loop stalls during the replay:
+            out[spec.name]["loop_stalls"] = stalls - stalls0  # instances', and our router's
         for who in pids:  # CPU per request of the router, the instances, the client: they
             if cpu0[who] is not None and cpu1[who] is not None:  # share the cores
                 out[spec.name][f"{who}_cpu_ms_per_request"] = (
@@ -108,6 +112,24 @@ def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
         secs = [process_seconds(p) for p in ps]
         out[who] = None if None in secs else sum(secs)
     return out
+
+
+def loop_stalls(urls: list[str]) -> float | None:
+    """Event-loop stalls the processes at `urls` have counted so far (`laps_event_loop_stalls`
+    in their /metrics); None when one cannot be read."""
+    total = 0.0
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (OSError, ValueError):
+            return None
+        found = [float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("laps_event_loop_stalls_total ")]
+        if not found:
+            return None
+        total += found[0]
+    return total
 
 
 def _router_status(url: str) -> dict | None:
@@ -155,7 +177,16 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
         out["ratios"][ref] = {name: median_ratio([ratio(r[name], r[ref], FIGURES) for r in rounds
                                                   if name in r and ref in r])
                               for name in names}
+    out["pooled"] = {name: pooled([r[name] for r in rounds if name in r]) for name in names}
     return out
+
+
+def pooled(rows: list[dict]) -> dict:
+    """SLO violations and requests summed over rounds: one rate over every request, steadier
+    than a median of a few rounds when violations are rare."""
+    n = sum(r["completed"] + r["failed"] for r in rows)
+    v = sum(round(r["slo_violation_rate"] * (r["completed"] + r["failed"])) for r in rows)
+    return {"violations": v, "requests": n, "rate": v / n if n else None}
 
 
 def _cell(f: dict | None, pct: bool = False) -> str:
@@ -169,18 +200,30 @@ def _cell(f: dict | None, pct: bool = False) -> str:
 def markdown(summary: dict) -> str:
     """One row per router: median [range] of each figure, then its ratios to the references."""
     refs = list(summary["ratios"])
-    head = ["router", "SLO viol.", "TTFT > fixed", "mean TTFT ms", "p90 TTFT ms", "short p90 TTFT ms",
-            "tok/s", "failed", "router CPU ms/req"] + [f"viol. / {r}" for r in refs] + [f"tok/s / {r}" for r in refs]
+    pool = summary.get("pooled", {})
+    head = (["router", "SLO viol.", "pooled viol.", "TTFT > fixed", "mean TTFT ms", "p90 TTFT ms",
+             "short p90 TTFT ms", "tok/s", "failed", "loop stalls", "router CPU ms/req"]
+            + [f"viol. / {r}" for r in refs] + [f"pooled / {r}" for r in refs]
+            + [f"tok/s / {r}" for r in refs])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, f in summary["routers"].items():
+        p = pool.get(name)
         row = [name, _cell(f["slo_violation_rate"], pct=True),
+               f"{p['violations']} / {p['requests']}" if p else "-",
                _cell(f.get("fixed_slo_violation_rate"), pct=True),
                _cell(f["prefill_latency_ms_mean"]), _cell(f["ttft_ms_p90"]),
                _cell(f["ttft_short_ms_p90"]), _cell(f["throughput_tokens_per_s"]),
-               _cell(f["failed"]), _cell(f.get("router_cpu_ms_per_request"))]
-        for key in ("slo_violation_rate", "throughput_tokens_per_s"):
-            for r in refs:
-                x = summary["ratios"][r][name].get(key)
-                row.append("-" if x is None else f"{x:.2f}")
+               _cell(f["failed"]), _cell(f.get("loop_stalls")),
+               _cell(f.get("router_cpu_ms_per_request"))]
+        for r in refs:
+            x = summary["ratios"][r][name].get("slo_violation_rate")
+            row.append("-" if x is None else f"{x:.2f}")
+        for r in refs:
+            a, b = pool.get(name), pool.get(r)
+            ok = a and b and a["rate"] is not None and b["rate"]
+            row.append(f"{a['rate'] / b['rate']:.2f}" if ok else "-")
+        for r in refs:
+            x = summary["ratios"][r][name].get("throughput_tokens_per_s")
+            row.append("-" if x is None else f"{x:.2f}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"

@@ -303,7 +303,7 @@ def create_router_app(router: HTTPRouter, api_key: str | None = None,
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    loop_lag.watch(app, log)
+    loop_lag.watch(app, log, state.metrics.loop)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

@@ -20,6 +20,7 @@ import logging
 import time
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TASK = web.AppKey("loop_lag_task", asyncio.Task)
 
@@ -90,9 +91,29 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-def watch(app: web.Application, logger: logging.Logger) -> LoopLag:
-    """Runs a `LoopLag` for as long as `app` runs."""
+class LagMetrics:
+    """The watch's counts for a /metrics registry (serve.py's and the router's): a stall shows
+    to whoever scrapes, not only in the process's log. Nothing until `watch` attaches one."""
+
+    def __init__(self) -> None:
+        self.lag: LoopLag | None = None
+
+    def collect(self):
+        if self.lag is None:
+            return
+        yield CounterMetricFamily("laps_event_loop_stalls", "Event-loop stalls over "
+                                  f"{self.lag.threshold_s} s (each one is logged)",
+                                  value=self.lag.stalls)
+        yield GaugeMetricFamily("laps_event_loop_worst_stall_seconds",
+                                "The longest event-loop stall seen", value=self.lag.worst_s)
+
+
+def watch(app: web.Application, logger: logging.Logger,
+          metrics: LagMetrics | None = None) -> LoopLag:
+    """Runs a `LoopLag` for as long as `app` runs; its counts go to `metrics` when given."""
     lag = LoopLag(logger)
+    if metrics is not None:
+        metrics.lag = lag
     if GC_CLOCK not in gc.callbacks:
         gc.callbacks.append(GC_CLOCK)
 
