@@ -1,13 +1,10 @@
 """The router's own /metrics: requests by endpoint and status (the counter serve.py's middleware
-counts into), the event-loop watch's stalls, and per instance its health, load, requests in
-flight and requests routed."""
+counts into), and per instance its health, load, requests in flight and requests routed."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-from laps_jax.server.loop_lag import LagMetrics
 
 
 class _Instances:
@@ -45,8 +42,6 @@ class RouterMetrics:
         self.requests = Counter("laps_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
         self.registry.register(_Instances(router))
-        self.loop = LagMetrics()  # filled by create_router_app's loop watch
-        self.registry.register(self.loop)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
