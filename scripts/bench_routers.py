@@ -9,6 +9,11 @@ Choose each trace's time scale for a load the instances can serve (a round-robin
 missing a few percent of its SLOs): at their limit every instance is busy and every router
 looks alike (docs/BENCHMARKS.md, session 20). A time scale is not a load from one day to the
 next on a shared machine: the isolated-TTFT ladder printed first says how fast it is today.
+
+Mooncake's follow-up turns come minutes after their previous turn (median 123 s), so its
+first requests reuse almost nothing (3% of blocks in the first 100) and a time scale only
+stretches the turns further apart. `--sample-for mooncake=0.05` keeps 5% of its
+conversations, whole: a window of the same load that holds the trace's prefix reuse.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ PER_KIND = {
                      "one trace, a short replay on another"),
     "length_scale": (float, lambda v: 0 < v < float("inf"), "a long-context trace (Mooncake) cut "
                      "further than the others, so its replay stays short"),
+    "sample": (float, lambda v: 0 < v <= 1, "a trace whose follow-up turns come minutes apart "
+               "(Mooncake) thinned by conversation, so its window holds them"),
 }
 
 
@@ -49,7 +56,7 @@ def parse_args(argv):
                     help=f"a trace to replay, KIND one of {', '.join(FORMATS)} (repeat; "
                          "default: the Azure conversation trace, the Mooncake trace and "
                          "docs/data/sessions_200.jsonl)")
-    add_trace_args(ap, only=("max_requests", "length_scale", "time_scale"))
+    add_trace_args(ap, only=("max_requests", "length_scale", "time_scale", "sample"))
     for field, (cast, _, why) in PER_KIND.items():
         meta = "N" if cast is int else "X"
         ap.add_argument(f"--{field.replace('_', '-')}-for", dest=f"{field}_for", action="append",

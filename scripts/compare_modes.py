@@ -162,6 +162,7 @@ def main(argv=None) -> int:
         model=args.model, trace=args.trace, trace_format=args.trace_format,
         output_dir=args.output_dir, ecfg=engine_config_from_args(args), modes=modes,
         max_requests=args.max_requests, load=args.load, length_scale=args.length_scale,
+        sample=args.sample,
         slo_scale=args.slo_scale, threshold=sched.threshold, window=sched.window,
         buckets=not args.no_buckets, cross_pool=sched.cross_pool, order=sched.order,
         decode_gap_s=sched.decode_gap_s, long_budget_tokens=sched.long_budget_tokens,

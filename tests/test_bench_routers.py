@@ -59,6 +59,7 @@ def test_each_request_has_its_own_slo_from_the_isolated_ttft():
         (sum(t > 5.0 * iso(n) for t, n in zip(ttft, new)) + 2) / 82)
     assert row["fixed_slo_violation_rate"] == pytest.approx(
         (sum(t > 1000.0 for t in ttft) + 2) / 82)
+    assert row["slo_violations"] == sum(t > 5.0 * iso(n) for t, n in zip(ttft, new)) + 2
     assert rb.figures(_result(ttft, new), 1000.0)["slo_violation_rate"] == pytest.approx(
         sum(t > 1000.0 for t in ttft) / 80)  # no isolated times: the fixed target
     steps = ladder(2046)
@@ -77,6 +78,8 @@ def test_summary_medians_ranges_and_median_of_ratios():
     scale = {"round-robin": 1.0, "laps": 0.7, "smg:cache_aware": 0.8}
     rounds = [_round(scale, rng) for _ in range(5)]
     del rounds[2]["laps"]  # a router missing in a round is skipped there, not zero
+    # a round's own count wins over its rate x requests (7.5 would round to 8)
+    rounds[0]["laps"].update(slo_violation_rate=7.5 / 60, slo_violations=7)
     s = rb.summarize(rounds)
     v = [r["laps"]["slo_violation_rate"] for r in rounds if "laps" in r]
     got = s["routers"]["laps"]["slo_violation_rate"]
@@ -87,7 +90,8 @@ def test_summary_medians_ranges_and_median_of_ratios():
     assert s["ratios"]["smg:cache_aware"]["laps"]["ttft_ms_p90"] == pytest.approx(0.7 / 0.8)
     assert s["ratios"]["round-robin"]["round-robin"]["throughput_tokens_per_s"] == 1.0
     assert s["ratios"]["round-robin"]["laps"]["failed"] == 1.0  # 0 / 0: no difference
-    want_v = sum(round(r["laps"]["slo_violation_rate"] * 60) for r in rounds if "laps" in r)
+    want_v = 7 + sum(round(r["laps"]["slo_violation_rate"] * 60) for r in rounds[1:]
+                     if "laps" in r)
     assert s["pooled"]["laps"] == {"violations": want_v, "requests": 240, "rate": want_v / 240}
     table = rb.markdown(s)
     assert table.count("\n") == 2 + 3 and "| laps | " in table and "viol. / round-robin" in table
@@ -223,7 +227,7 @@ def test_loop_stalls_are_read_from_each_process_metrics():
     pages = {"/a/metrics": "# TYPE laps_event_loop_stalls counter\n"
                            "laps_event_loop_stalls_total 2.0\nlaps_event_loop_stalls_created 1.7e9\n",
              "/b/metrics": "laps_event_loop_stalls_total 1.0\n",
-             "/smg/metrics": "smg_requests_total 5.0\n"}
+             "/smg/metrics": "smg_requests_total 5.0\n", "/bad/metrics": "{not metrics}\n"}
 
     class Pages(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -242,5 +246,6 @@ def test_loop_stalls_are_read_from_each_process_metrics():
         assert rb.loop_stalls([base + "/a", base + "/b"]) == 3.0
         assert rb.loop_stalls([base + "/a", base + "/smg"]) is None
         assert rb.loop_stalls([base + "/a", base + "/gone"]) is None
+        assert rb.loop_stalls([base + "/bad"]) is None
     finally:
         srv.shutdown()

@@ -101,19 +101,24 @@ def test_stalls_show_in_metrics_once_a_watch_is_attached():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from laps_jax.server.loop_lag import LagMetrics
+    from aiohttp import web
+
+    from laps_jax.server.loop_lag import watch
 
     def scrape(reg) -> dict[str, float]:
         text = generate_latest(reg).decode()
         return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
-    reg, metrics = CollectorRegistry(), LagMetrics()
-    reg.register(metrics)
+    reg = CollectorRegistry()
     assert scrape(reg) == {}
-    lag = LoopLag(logging.getLogger("test.loop_lag.metrics"), threshold_s=0.2)
-    metrics.lag = lag
-    assert lag.check(0.1, 0.0, 0.0) is False  # under the threshold: not a stall
-    assert lag.check(0.7, 0.5, 0.6) and lag.check(0.3, 0.0, 0.0)
+    log = logging.getLogger("test.loop_lag.metrics")
+    first = watch(web.Application(), log, reg)
+    first.threshold_s = 0.2
+    assert first.check(0.1, 0.0, 0.0) is False  # under the threshold: not a stall
+    assert first.check(0.7, 0.5, 0.6) and first.check(0.3, 0.0, 0.0)
     got = scrape(reg)
     assert got["laps_event_loop_stalls_total"] == 2
     assert got["laps_event_loop_worst_stall_seconds"] == 0.7
+    # a second app over the same registry (no duplicate-name error) shows its own watch
+    second = watch(web.Application(), log, reg)
+    assert second is not first and scrape(reg)["laps_event_loop_stalls_total"] == 0

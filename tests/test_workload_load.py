@@ -106,14 +106,14 @@ def test_trace_is_required_unless_the_script_has_a_default():
 
 def test_the_three_scripts_read_the_same_flags_the_same_way():
     flags = ["--trace", "x.jsonl", "--trace-format", "sessions", "--max-requests", "7",
-             "--length-scale", "0.4", "--time-scale", "0.5"]
+             "--length-scale", "0.4", "--time-scale", "0.5", "--sample", "0.25"]
     parsed = [
         load_script("compare_modes").parse(flags + ["--output-dir", "out"]),
         load_script("bench_serving").parse_args(flags + ["--base-url", "http://h", "--output", "o"]),
         load_script("simulate").parse(["run"] + flags),
     ]
     opts = {trace_options_from_args(a) for a in parsed}
-    assert opts == {TraceOptions(max_requests=7, length_scale=0.4, time_scale=0.5)}
+    assert opts == {TraceOptions(max_requests=7, length_scale=0.4, time_scale=0.5, sample=0.25)}
     assert {(a.trace, a.trace_format) for a in parsed} == {("x.jsonl", "sessions")}
 
 

@@ -55,6 +55,7 @@ class CompareOptions:
     max_requests: int | None = None
     load: float = 0.8
     length_scale: float = 1.0
+    sample: float = 1.0                # fraction of the trace's conversations kept
     slo_scale: float = 5.0
     threshold: int | None = None       # None: the latency model's crossover
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
@@ -121,7 +122,7 @@ def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel
 
 def _workload(o: CompareOptions, vocab: int, max_len: int):
     opts = TraceOptions(max_requests=o.max_requests, length_scale=o.length_scale,
-                        vocab_size=vocab, max_len=max_len, seed=o.seed)
+                        vocab_size=vocab, max_len=max_len, seed=o.seed, sample=o.sample)
     cap = o.max_output or 1 << 30
     work = load_trace(o.trace_format, o.trace, opts)
     if isinstance(work, SessionTrace):

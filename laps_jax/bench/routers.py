@@ -32,6 +32,7 @@ import numpy as np
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
+from laps_jax.cluster.upstream import parse_metrics
 from laps_jax.workload.http_client import ReplayConfig
 from laps_jax.workload.http_compare import mode_row
 from laps_jax.workload.http_replay import replay
@@ -50,11 +51,12 @@ def figures(result, slo_ms: float, target_ms=None) -> dict:
     over the one `slo_ms` for all (a failed request is a violation of both)."""
     row = mode_row(result, slo_ms)
     row["fixed_slo_violation_rate"] = row["slo_violation_rate"]
+    target = target_ms or (lambda r: slo_ms)
+    reqs = result.requests
+    row["slo_violations"] = sum(not (r.status == 200 and r.ttft_s is not None
+                                     and r.ttft_s * 1000 <= target(r)) for r in reqs)
     if target_ms is not None:
-        reqs = result.requests
-        miss = sum(not (r.status == 200 and r.ttft_s is not None
-                        and r.ttft_s * 1000 <= target_ms(r)) for r in reqs)
-        row["slo_violation_rate"] = miss / max(len(reqs), 1)
+        row["slo_violation_rate"] = row["slo_violations"] / max(len(reqs), 1)
     return row
 
 
@@ -116,19 +118,18 @@ def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
 
 def loop_stalls(urls: list[str]) -> float | None:
     """Event-loop stalls the processes at `urls` have counted so far (`laps_event_loop_stalls`
-    in their /metrics); None when one cannot be read."""
+    in their /metrics, read as the router reads an instance's); None when one cannot be read
+    or does not count them (smg)."""
     total = 0.0
     for url in urls:
         try:
             with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-                text = r.read().decode()
+                stalls = parse_metrics(r.read().decode()).loop_stalls
         except (OSError, ValueError):
             return None
-        found = [float(line.split()[-1]) for line in text.splitlines()
-                 if line.startswith("laps_event_loop_stalls_total ")]
-        if not found:
+        if stalls is None:
             return None
-        total += found[0]
+        total += stalls
     return total
 
 
@@ -185,7 +186,8 @@ def pooled(rows: list[dict]) -> dict:
     """SLO violations and requests summed over rounds: one rate over every request, steadier
     than a median of a few rounds when violations are rare."""
     n = sum(r["completed"] + r["failed"] for r in rows)
-    v = sum(round(r["slo_violation_rate"] * (r["completed"] + r["failed"])) for r in rows)
+    v = sum(r["slo_violations"] if "slo_violations" in r  # rounds written before the count
+            else round(r["slo_violation_rate"] * (r["completed"] + r["failed"])) for r in rows)
     return {"violations": v, "requests": n, "rate": v / n if n else None}
 
 

@@ -303,9 +303,7 @@ def create_router_app(router: HTTPRouter, api_key: str | None = None,
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    stalls = loop_lag.LagMetrics()  # the loop watch's counts in the router's /metrics
-    state.metrics.registry.register(stalls)
-    loop_lag.watch(app, log, stalls)
+    loop_lag.watch(app, log, state.metrics.registry)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

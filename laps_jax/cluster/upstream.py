@@ -184,13 +184,14 @@ class MetricsReport:
     pending_short: float | None = None     # laps_pending_prefill_tokens{pool="short"}
     threshold: int | None = None           # laps_short_threshold_tokens
     long_chunk: int | None = None          # laps_long_chunk_tokens
+    loop_stalls: float | None = None       # laps_event_loop_stalls_total (loop_lag)
 
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPE = re.compile(r"\\(.)")
 _SIMPLE = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
-           "vllm:kv_cache_usage_perc": "kv_usage"}
+           "vllm:kv_cache_usage_perc": "kv_usage", "laps_event_loop_stalls_total": "loop_stalls"}
 _SUMMED = {"laps_pending_prefill_tokens": "pending_tokens", "laps_kv_pages_used": "pages_used"}
 _READ = {*_SIMPLE, *_SUMMED, "laps_short_threshold_tokens", "laps_long_chunk_tokens",
          "vllm:cache_config_info"}

@@ -350,7 +350,7 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
         state.parse_pool.shutdown(wait=False, cancel_futures=True)
 
     app.on_cleanup.append(close_pool)
-    loop_lag.watch(app, log, getattr(state.metrics, "loop", None))
+    loop_lag.watch(app, log, getattr(state.metrics, "registry", None))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

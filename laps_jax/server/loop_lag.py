@@ -18,6 +18,7 @@ import datetime
 import gc
 import logging
 import time
+import weakref
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -108,12 +109,20 @@ class LagMetrics:
                                 "The longest event-loop stall seen", value=self.lag.worst_s)
 
 
-def watch(app: web.Application, logger: logging.Logger,
-          metrics: LagMetrics | None = None) -> LoopLag:
-    """Runs a `LoopLag` for as long as `app` runs; its counts go to `metrics` when given."""
+_EXPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> LagMetrics
+
+
+def watch(app: web.Application, logger: logging.Logger, registry=None) -> LoopLag:
+    """Runs a `LoopLag` for as long as `app` runs; its counts go to `registry`'s /metrics
+    when given (serve.py's and the router's). One collector per registry: an app made again
+    over the same registry (a server state reused, as tests do) points it at its new watch."""
     lag = LoopLag(logger)
-    if metrics is not None:
-        metrics.lag = lag
+    if registry is not None:
+        exported = _EXPORTED.get(registry)
+        if exported is None:
+            exported = _EXPORTED[registry] = LagMetrics()
+            registry.register(exported)
+        exported.lag = lag
     if GC_CLOCK not in gc.callbacks:
         gc.callbacks.append(GC_CLOCK)
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from laps_jax.server.loop_lag import LagMetrics
-
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -139,8 +137,6 @@ class ServerMetrics:
         self.e2e = Histogram("laps_e2e_seconds", "End-to-end request latency", ["pool"],
                              buckets=BUCKETS, registry=self.registry)
         self.registry.register(_Live(dispatcher, engines))
-        self.loop = LagMetrics()  # filled by create_app's loop watch
-        self.registry.register(self.loop)
 
     def observe(self, stats) -> None:
         pool = stats.pool or "unknown"

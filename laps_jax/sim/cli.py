@@ -85,7 +85,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
                    help="directory with azure_llm_2023_conv.csv and "
                         "mooncake_conversation_trace.jsonl (default ../shared/traces)")
     g.add_argument("--sessions-file", default=None, help="a sessions JSONL ('sessions' workload)")
-    add_trace_args(g, only=("length_scale",))
+    add_trace_args(g, only=("length_scale", "sample"))
     g.add_argument("--decode", choices=("disaggregated", "colocated"), default="disaggregated",
                    help="disaggregated: prefill instances of a PD deployment (the paper's "
                         "setting; answers' KV returns for the next turn); colocated: each "
@@ -148,7 +148,7 @@ def run_spec(args, inst: InstanceSpec) -> RunSpec:
 
 
 def workload_sources(args, src: hardware.ModelSource) -> dict[str, WorkloadSource]:
-    common = {"length_scale": args.length_scale,
+    common = {"length_scale": args.length_scale, "sample": args.sample,
               "max_len": min(args.max_model_len, src.cfg.max_context),
               "seed": args.seed}
     paths = {"azure": os.path.join(args.trace_dir, "azure_llm_2023_conv.csv"),

@@ -47,6 +47,7 @@ class WorkloadSource:
     kind: str
     path: str | None = None
     length_scale: float = 1.0
+    sample: float = 1.0             # fraction of the trace's conversations kept
     max_len: int = 32768
     seed: int = 0
     requests: int = 800             # default requests per single-instance run
@@ -57,7 +58,7 @@ class WorkloadSource:
         if n not in self._cache:
             self._cache[n] = wl.load(self.kind, self.path, max_requests=n,
                                      length_scale=self.length_scale, max_len=self.max_len,
-                                     seed=self.seed)
+                                     seed=self.seed, sample=self.sample)
         return self._cache[n]
 
 

@@ -90,14 +90,14 @@ class Workload:
 
 def load(kind: str, path: str | None = None, max_requests: int | None = None,
          length_scale: float = 1.0, max_len: int = 32768, vocab_size: int = 151643,
-         seed: int = 0, rate: float = 1.0) -> Workload:
+         seed: int = 0, rate: float = 1.0, sample: float = 1.0) -> Workload:
     """A workload by kind: azure/mooncake/sessions read `path` (with `workload.load`, the
-    reader every replayer uses); lmsys generates sessions (`max_requests` turns in all, about)
-    at `rate` requests/s."""
+    reader every replayer uses; `sample` keeps that fraction of its conversations); lmsys
+    generates sessions (`max_requests` turns in all, about) at `rate` requests/s."""
     if kind not in KINDS:
         raise ValueError(f"workload kind must be one of {', '.join(KINDS)}, got {kind!r}")
     opts = TraceOptions(max_requests=max_requests, length_scale=length_scale,
-                        vocab_size=vocab_size, max_len=max_len, seed=seed)
+                        vocab_size=vocab_size, max_len=max_len, seed=seed, sample=sample)
     if kind == "lmsys":
         cfg = SessionGenConfig(length_scale=length_scale)
         n = max(1, round((max_requests or 300) / cfg.mean_turns))

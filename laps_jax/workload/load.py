@@ -15,11 +15,12 @@ from collections.abc import Collection
 from typing import Any
 
 from .records import Trace, TraceOptions
+from .sampling import check_fraction
 from .sessions import SessionTrace, read_sessions_jsonl
 from .traces import detect_format, read_azure_csv, read_mooncake_jsonl
 
 FORMATS = ("azure", "mooncake", "sessions")
-TRACE_FLAGS = ("trace", "trace_format", "max_requests", "length_scale", "time_scale")
+TRACE_FLAGS = ("trace", "trace_format", "max_requests", "length_scale", "time_scale", "sample")
 
 
 def load(kind: str | None, path: str | os.PathLike[str],
@@ -34,6 +35,13 @@ def load(kind: str | None, path: str | os.PathLike[str],
     if kind == "sessions":
         return read_sessions_jsonl(path, options)
     raise ValueError(f"unknown trace format {kind!r}; expected one of {', '.join(FORMATS)}")
+
+
+def _fraction(text: str) -> float:
+    try:
+        return check_fraction(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_trace_args(parser: argparse._ActionsContainer, *, trace_default: str | None = None,
@@ -69,6 +77,14 @@ def add_trace_args(parser: argparse._ActionsContainer, *, trace_default: str | N
                             help="multiply prompt and output lengths (at least 1 token each; "
                                  "to fit a CPU); lengths are then cut to the context "
                                  "(default: 1.0)")
+    if "sample" in only:
+        parser.add_argument("--sample", type=_fraction, default=1.0, metavar="F",
+                            help="keep a fraction F of the trace's conversations, whole (a "
+                                 "Mooncake conversation: requests that continue a previous "
+                                 "prompt; a session; an Azure request), before --max-requests "
+                                 "counts: a lower rate that keeps the follow-up turns and their "
+                                 "prefix reuse, where --time-scale stretches the minutes between "
+                                 "turns out of the window (default: 1, all)")
     if "time_scale" in only:
         (time_scale_group or parser).add_argument(
             "--time-scale", type=float, default=None,
@@ -82,4 +98,5 @@ def trace_options_from_args(args: argparse.Namespace, **fixed: Any) -> TraceOpti
     time_scale = getattr(args, "time_scale", None)
     return TraceOptions(max_requests=getattr(args, "max_requests", None),
                         length_scale=getattr(args, "length_scale", 1.0),
+                        sample=getattr(args, "sample", 1.0),
                         time_scale=1.0 if time_scale is None else time_scale, **fixed)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .sampling import check_fraction
+
 # First special-token id of the Qwen2.5 tokenizer: every id below it is an ordinary token.
 QWEN25_TEXT_VOCAB = 151643
 _MASK64 = (1 << 64) - 1
@@ -177,7 +179,9 @@ class TraceOptions:
     ``length_scale`` multiplies input and output lengths (at least 1 token each) so that a
     long-context trace fits a CPU; ``time_scale`` multiplies inter-arrival (and think) times,
     so 0.5 replays twice as fast. ``max_len`` caps prompt + output tokens (a model's context):
-    the prompt keeps at least half of it, and the trace counts what it cut.
+    the prompt keeps at least half of it, and the trace counts what it cut. ``sample`` keeps
+    that fraction of the trace's conversations, whole (``workload.sampling``), before
+    ``max_requests`` counts.
     """
 
     max_requests: int | None = None
@@ -187,8 +191,10 @@ class TraceOptions:
     token_low: int = 10
     max_len: int | None = None
     seed: int = 0
+    sample: float = 1.0
 
     def __post_init__(self) -> None:
+        check_fraction(self.sample)
         if self.max_requests is not None and self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0, got {self.max_requests}")
         if not (self.length_scale > 0 and math.isfinite(self.length_scale)):

@@ -24,6 +24,7 @@ from typing import Any
 from .records import (LengthSummary, Segment, TokenSpace, Trace, TraceFormatError,
                       TraceOptions, TraceRequest, iter_json_objects, parse_count,
                       require_field, segment_key, summarize)
+from .sampling import keeps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,14 +195,15 @@ def _apply_options(s: Session, opts: TraceOptions, budget: int | None) -> tuple[
 
 def read_sessions_jsonl(path: str | os.PathLike[str],
                         opts: TraceOptions | None = None) -> SessionTrace:
-    """Sessions JSONL; ``max_requests`` counts turns, ``max_len`` ends sessions that outgrow it.
+    """Sessions JSONL; ``max_requests`` counts turns, ``max_len`` ends sessions that outgrow it,
+    ``sample`` keeps that fraction of the sessions.
 
     Arrivals are kept as written (already seconds from the replay's start), times scaled.
     """
     opts, path = opts or TraceOptions(), os.fspath(path)
     sessions: list[Session] = []
     seen: dict[str, int] = {}
-    n_requests = truncated = dropped = 0
+    n_requests = truncated = dropped = n_read = 0
     for line, obj in iter_json_objects(path):
         if opts.max_requests is not None and n_requests >= opts.max_requests:
             break
@@ -210,6 +212,9 @@ def read_sessions_jsonl(path: str | os.PathLike[str],
             raise TraceFormatError(path, line, f"session_id {s.session_id!r} already used on "
                                                f"line {seen[s.session_id]}")
         seen[s.session_id] = line
+        n_read += 1
+        if not keeps(s.session_id, opts.sample, opts.seed):
+            continue
         budget = None if opts.max_requests is None else opts.max_requests - n_requests
         s, cut, gone = _apply_options(s, opts, budget)
         sessions.append(s)
@@ -217,6 +222,8 @@ def read_sessions_jsonl(path: str | os.PathLike[str],
         truncated, dropped = truncated + cut, dropped + gone
     sessions.sort(key=lambda s: s.arrival_s)
     notes = []
+    if opts.sample < 1:
+        notes.append(f"sample {opts.sample:g}: kept {len(sessions)} of the {n_read} sessions read")
     if truncated:
         notes.append(f"{truncated} first turns cut to max_len={opts.max_len}")
     if dropped:

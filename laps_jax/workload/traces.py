@@ -16,6 +16,7 @@ import re
 
 from .records import (Segment, Trace, TraceFormatError, TraceOptions, TraceRequest,
                       iter_json_objects, parse_count, require_field, segment_key)
+from .sampling import PrefixConversations, keeps
 
 MOONCAKE_BLOCK = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -53,9 +54,13 @@ def parse_azure_timestamp(text: str) -> float:
 
 
 def _finish(source: str, rows: list[tuple[float, TraceRequest]], opts: TraceOptions,
-            truncated: int) -> Trace:
-    """Sort by arrival, make arrivals relative to the first and apply ``time_scale``."""
+            truncated: int, read: int) -> Trace:
+    """Sort by arrival, make arrivals relative to the first and apply ``time_scale``;
+    ``read`` is how many requests were read to keep ``rows``."""
     notes: list[str] = []
+    if opts.sample < 1:
+        notes.append(f"sample {opts.sample:g}: kept {len(rows)} of the {read} requests read, "
+                     "whole conversations")
     if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
         rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
         notes.append("timestamps were out of order; requests sorted by arrival")
@@ -75,7 +80,7 @@ def read_azure_csv(path: str | os.PathLike[str], opts: TraceOptions | None = Non
     opts, path = opts or TraceOptions(), os.fspath(path)
     space = opts.token_space
     rows: list[tuple[float, TraceRequest]] = []
-    truncated = 0
+    truncated = n_rows = 0
     with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM is not part of the header
         reader = csv.reader(f)
         header = next(reader, None)
@@ -92,6 +97,7 @@ def read_azure_csv(path: str | os.PathLike[str], opts: TraceOptions | None = Non
             line = reader.line_num
             if not row or all(not c.strip() for c in row):
                 continue
+            n_rows += 1
             if len(row) != len(header):
                 raise TraceFormatError(path, line, f"expected {len(header)} fields, got "
                                                    f"{len(row)}: {row}")
@@ -101,12 +107,16 @@ def read_azure_csv(path: str | os.PathLike[str], opts: TraceOptions | None = Non
                 raise TraceFormatError(path, line, f"bad TIMESTAMP {row[i_ts]!r}: {e}") from None
             n_in = parse_count(row[i_in].strip(), "ContextTokens", path, line)
             n_out = parse_count(row[i_out].strip(), "GeneratedTokens", path, line)
+            # the trace links no requests: each is its own conversation (a row left out by
+            # the sample is still checked above: a broken file fails whatever the sample)
+            if not keeps(n_rows, opts.sample, opts.seed):
+                continue
             n_in, n_out, cut = opts.fit(opts.scale_len(n_in), opts.scale_len(n_out))
             truncated += cut
             rid = f"azure-{len(rows)}"
             seg = (Segment(segment_key("azure", len(rows)), n_in),)
             rows.append((t, TraceRequest(rid, 0.0, n_in, n_out, seg, token_space=space)))
-    return _finish(path, rows, opts, truncated)
+    return _finish(path, rows, opts, truncated, n_rows)
 
 
 def mooncake_segments(hash_ids: tuple[int, ...], input_len: int, block: int,
@@ -129,13 +139,15 @@ def read_mooncake_jsonl(path: str | os.PathLike[str], opts: TraceOptions | None 
     """Mooncake trace: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
 
     With ``length_scale`` the block size scales too (``round(512 * scale)``, at least 1),
-    so the share of each prompt that is reusable prefix stays what the trace says.
+    so the share of each prompt that is reusable prefix stays what the trace says. With
+    ``sample``, conversations are told apart by their leading blocks (``PrefixConversations``).
     """
     opts, path = opts or TraceOptions(), os.fspath(path)
     space = opts.token_space
     block = max(1, round(MOONCAKE_BLOCK * opts.length_scale))
     rows: list[tuple[float, TraceRequest]] = []
     truncated = 0
+    conversations = PrefixConversations()
     for line, obj in iter_json_objects(path):
         if opts.max_requests is not None and len(rows) >= opts.max_requests:
             break
@@ -150,6 +162,8 @@ def read_mooncake_jsonl(path: str | os.PathLike[str], opts: TraceOptions | None 
         if not isinstance(raw_ids, list):
             raise TraceFormatError(path, line, f"hash_ids must be a list, got {raw_ids!r}")
         hash_ids = tuple(parse_count(h, "hash_ids entry", path, line) for h in raw_ids)
+        if not keeps(conversations.assign(hash_ids), opts.sample, opts.seed):
+            continue
         n_in, n_out, cut = opts.fit(opts.scale_len(n_in), opts.scale_len(n_out))
         truncated += cut
         index = len(rows)
@@ -157,7 +171,7 @@ def read_mooncake_jsonl(path: str | os.PathLike[str], opts: TraceOptions | None 
         req = TraceRequest(f"mooncake-{index}", 0.0, n_in, n_out, segs, hash_ids=hash_ids,
                            block_size=block, token_space=space)
         rows.append((ts / 1000.0, req))
-    return _finish(path, rows, opts, truncated)
+    return _finish(path, rows, opts, truncated, len(conversations.root))
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
