@@ -30,6 +30,7 @@ from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.bench.isolated import measure as measure_isolated
 from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
+from laps_jax.workload.sampling import is_fraction
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = (f"azure:{HERE}/../../shared/traces/azure_llm_2023_conv.csv",
@@ -45,7 +46,7 @@ PER_KIND = {
                      "one trace, a short replay on another"),
     "length_scale": (float, lambda v: 0 < v < float("inf"), "a long-context trace (Mooncake) cut "
                      "further than the others, so its replay stays short"),
-    "sample": (float, lambda v: 0 < v <= 1, "a trace whose follow-up turns come minutes apart "
+    "sample": (float, is_fraction, "a trace whose follow-up turns come minutes apart "
                "(Mooncake) thinned by conversation, so its window holds them"),
 }
 

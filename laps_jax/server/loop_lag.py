@@ -21,6 +21,7 @@ import time
 import weakref
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TASK = web.AppKey("loop_lag_task", asyncio.Task)
@@ -112,7 +113,8 @@ class LagMetrics:
 _EXPORTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> LagMetrics
 
 
-def watch(app: web.Application, logger: logging.Logger, registry=None) -> LoopLag:
+def watch(app: web.Application, logger: logging.Logger,
+          registry: CollectorRegistry | None = None) -> LoopLag:
     """Runs a `LoopLag` for as long as `app` runs; its counts go to `registry`'s /metrics
     when given (serve.py's and the router's). One collector per registry: an app made again
     over the same registry (a server state reused, as tests do) points it at its new watch."""

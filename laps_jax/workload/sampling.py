@@ -25,8 +25,13 @@ import math
 from collections.abc import Hashable
 
 
+def is_fraction(fraction: float) -> bool:
+    """A fraction of conversations one may keep: in (0, 1]."""
+    return 0 < fraction <= 1 and math.isfinite(fraction)
+
+
 def check_fraction(fraction: float) -> float:
-    if not (0 < fraction <= 1 and math.isfinite(fraction)):
+    if not is_fraction(fraction):
         raise ValueError(f"the fraction of conversations to keep must be in (0, 1], "
                          f"got {fraction}")
     return fraction
