@@ -249,3 +249,15 @@ def test_loop_stalls_are_read_from_each_process_metrics():
         assert rb.loop_stalls([base + "/bad"]) is None
     finally:
         srv.shutdown()
+
+
+def test_router_hop_flags():
+    """bench_router_hop.py's defaults and its refusal of counts it cannot run."""
+    hop = load_script("bench_router_hop")
+    a = hop.parse_args([])
+    assert (a.requests, a.prompt_tokens, a.model) == (60, 8, "bench-cpu")
+    specs = [rp.RouterSpec.parse(s) for s in a.routers.split(",")]
+    assert [s.name for s in specs] == ["laps", "round-robin", "smg:round_robin"]
+    for bad in (["--requests", "0"], ["--prompt-tokens", "0"], ["--vocab", "1"]):
+        with pytest.raises(SystemExit):
+            hop.parse_args(bad)
