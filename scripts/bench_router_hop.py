@@ -21,6 +21,8 @@ import time
 import aiohttp
 
 from laps_jax.bench import router_procs as rp
+from laps_jax.bench.isolated import served_model
+from laps_jax.config import resolve_model
 from laps_jax.workload.http_client import ReplayConfig, RequestRecord, stream_completion
 
 SERVE_ARGS = "--max-chunk 256 --max-prefill-batch 4 --max-decode-batch 8 --kv-cache-tokens 32768"
@@ -33,16 +35,14 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-tokens", type=int, default=8, help="prompt length (default 8)")
     ap.add_argument("--model", default="bench-cpu", help="the instance's model (default "
                     "bench-cpu)")
-    ap.add_argument("--vocab", type=int, default=8192, help="token ids are drawn below this "
-                    "(default 8192, bench-cpu's vocabulary)")
     ap.add_argument("--routers", default="laps,round-robin=round-robin --no-affinity,"
                     "smg:round_robin", help="comma-separated, as bench_routers.py's --routers "
                     "(default: %(default)s)")
     ap.add_argument("--serve-args", default=SERVE_ARGS, help="serve.py flags (default: "
                     "%(default)s)")
     a = ap.parse_args(argv)
-    if a.requests < 1 or a.prompt_tokens < 1 or a.vocab < 2:
-        ap.error("--requests, --prompt-tokens must be >= 1 and --vocab >= 2")
+    if a.requests < 1 or a.prompt_tokens < 1:
+        ap.error("--requests and --prompt-tokens must be >= 1")
     return a
 
 
@@ -57,7 +57,7 @@ async def measure(targets: dict[str, tuple[str, str]], model: str, n: int, token
             for name in order:
                 url, api = targets[name]
                 rec = RequestRecord(request_id=f"{name}-{i}", arrival_s=0.0, max_tokens=2)
-                ids = [rng.randrange(1, vocab) for _ in range(tokens)]
+                ids = [rng.randrange(10, vocab - 10) for _ in range(tokens)]
                 await stream_completion(http, url, model, ids, rec,
                                         ReplayConfig(api=api, progress=False),
                                         time.perf_counter())
@@ -81,7 +81,9 @@ def main(argv=None) -> None:
             routers.append((s, rp.start_router(s, [inst[0].url], logs)))
         targets = {"direct": (inst[0].url, "openai"), "direct /generate": (inst[0].url, "sglang")}
         targets.update({s.name: (p.url, s.api) for s, p in routers})
-        res = asyncio.run(measure(targets, a.model, a.requests, a.prompt_tokens, a.vocab))
+        vocab = resolve_model(a.model)[0].vocab_size
+        res = asyncio.run(measure(targets, served_model(inst[0].url), a.requests,
+                                  a.prompt_tokens, vocab))
     finally:
         for _, p in routers:
             p.stop()

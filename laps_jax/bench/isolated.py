@@ -55,7 +55,7 @@ def ladder(max_tokens: int) -> list[int]:
     return sorted(set(out + [max_tokens]))
 
 
-def _served_model(url: str) -> str:
+def served_model(url: str) -> str:
     with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
         return json.loads(r.read())["data"][0]["id"]
 
@@ -77,7 +77,7 @@ def measure(url: str, vocab_size: int, max_tokens: int, tries: int = 3, seed: in
     """Times fresh random prompts (no cache hits) of each `ladder` length on the idle instance
     at `url`, one at a time; the median of `tries` per length (after one warm-up request)."""
     rng = random.Random(seed)
-    model = _served_model(url)
+    model = served_model(url)
     draw = lambda n: [rng.randrange(10, vocab_size - 10) for _ in range(n)]  # noqa: E731
     time_request(url, model, draw(16))
     lengths = ladder(max_tokens)
