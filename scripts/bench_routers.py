@@ -26,6 +26,7 @@ import shlex
 import sys
 import tempfile
 
+from laps_jax.bench import bands
 from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.bench.isolated import measure as measure_isolated
@@ -186,6 +187,7 @@ def write_results(args, isolated, rounds: dict[str, list], complete: bool) -> st
     with open(os.path.join(args.output_dir, "routers.json"), "w") as f:
         json.dump(out, f, indent=1)
     text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
+                   + (f"\n{b}" if (b := bands.band_markdown(v["summary"])) else "")
                    for kind, v in out["traces"].items())
     with open(os.path.join(args.output_dir, "routers.md"), "w") as f:
         f.write(text)

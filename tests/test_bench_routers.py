@@ -11,6 +11,7 @@ import pytest
 
 from conftest import load_script
 from laps_jax.bench import router_procs as rp
+from laps_jax.bench import bands as bb
 from laps_jax.bench import routers as rb
 from laps_jax.workload.http_client import RequestRecord, read_chunk, request_body
 from laps_jax.workload.http_compare import mode_row
@@ -64,6 +65,46 @@ def test_each_request_has_its_own_slo_from_the_isolated_ttft():
         sum(t > 1000.0 for t in ttft) / 80)  # no isolated times: the fixed target
     steps = ladder(2046)
     assert steps[0] == 8 and steps[-1] == 2046 and steps == sorted(set(steps))
+
+
+def test_violations_are_counted_by_new_token_band_and_pooled_over_rounds():
+    """Each replay counts its violations in new-token bands (1-64, 65-256, 257-1024, over
+    1024: edges inclusive), with the median TTFT / target; the summary sums the counts over
+    rounds and the table shows them."""
+    assert [bb.band_of(n) for n in (1, 64, 65, 256, 257, 1024, 1025)] == [
+        "1-64", "1-64", "65-256", "65-256", "257-1024", "257-1024", "over 1024"]
+    target = lambda r: 40.0 + 0.5 * r.new_tokens  # noqa: E731
+    ranges = {"1-64": (1, 64), "65-256": (65, 256), "257-1024": (257, 1024),
+              "over 1024": (1025, 10**9)}
+    rounds, want = [], {b: [0, 0] for b in ranges}
+    for seed in range(3):
+        rng = random.Random(100 + seed)
+        new = [rng.choice([3, 64, 65, 200, 256, 257, 900, 1024, 1025, 1900]) for _ in range(70)]
+        ttft = [rng.uniform(0.3, 2.5) * (40.0 + 0.5 * n) for n in new]
+        row = rb.figures(_result(ttft, new, failed=1), 1000.0, target)
+        for b, (lo, hi) in ranges.items():
+            mine = [(t, n) for t, n in zip(ttft, new) if lo <= n <= hi]
+            fails = 1 if b == "1-64" else 0  # a failure (no new tokens known) in the first
+            over = sorted([t / (40.0 + 0.5 * n) for t, n in mine] + [float("inf")] * fails)
+            got = row["bands"][b]
+            assert got["requests"] == len(mine) + fails
+            assert got["violations"] == sum(t > 40.0 + 0.5 * n for t, n in mine) + fails
+            assert got["ttft_over_target_p50"] == pytest.approx(np.median(over))
+            want[b][0] += got["violations"]
+            want[b][1] += got["requests"]
+        assert sum(b["violations"] for b in row["bands"].values()) == row["slo_violations"]
+        rounds.append({"laps": row})
+    rounds.append({"laps": {**rounds[0]["laps"], "bands": {}}})  # a round without bands
+    s = rb.summarize(rounds)
+    for b, (v, n) in want.items():
+        assert (s["bands"]["laps"][b]["violations"], s["bands"]["laps"][b]["requests"]) == (v, n)
+    table = bb.band_markdown(s)
+    assert table.count("\n| laps |") == 1 and "over 1024 new tokens" in table
+    assert f"| {want['1-64'][0]} / {want['1-64'][1]} (" in table
+    assert bb.band_markdown(rb.summarize([{"laps": {"completed": 1, "failed": 0,
+                                                    "slo_violations": 0}}])) == ""
+    alone = rb.figures(_result([5000.0], [10], failed=2), 1000.0, target)["bands"]["1-64"]
+    assert alone == {"requests": 3, "violations": 3, "ttft_over_target_p50": None}
 
 
 def _round(scale: dict[str, float], rng) -> dict[str, dict]:
@@ -261,3 +302,43 @@ def test_router_hop_flags():
     for bad in (["--requests", "0"], ["--prompt-tokens", "0"]):
         with pytest.raises(SystemExit):
             hop.parse_args(bad)
+
+
+def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):
+    """bench_router_bands.py recounts a run from routers.json's isolated TTFT and SLO scale
+    and the request records beside it: the counts a test makes by hand from the same data."""
+    import json
+    bands = load_script("bench_router_bands")
+    iso = {"tokens": [8, 512, 2046], "ms": [10.0, 100.0, 400.0]}
+    (tmp_path / "routers.json").write_text(json.dumps({
+        "args": {"slo_scale": 3.0}, "routers": ["laps", "smg:cache_aware"],
+        "isolated_ttft": iso}))
+    logs = tmp_path / "bench_routers_x"
+    logs.mkdir()
+    rng = random.Random(7)
+    target = lambda n: 3.0 * (10.0 + 90.0 * (max(n, 8) - 8) / 504 if n <= 512  # noqa: E731
+                              else 100.0 + 300.0 * (min(n, 2046) - 512) / 1534)
+    want = {}
+    for name, file in (("laps", "laps"), ("smg:cache_aware", "smg_cache_aware")):
+        for rnd in (1, 2):
+            recs = []
+            for k in range(40):
+                n = rng.choice([5, 60, 100, 700, 1500])
+                ttft = rng.uniform(0.2, 2.0) * target(n) / 1000
+                recs.append({"request_id": f"r{k}", "new_tokens": n, "status": 200,
+                             "ttft_s": ttft})
+                w = want.setdefault((name, bb.band_of(n)), [0, 0])
+                w[0] += ttft * 1000 > target(n)
+                w[1] += 1
+            lines = [json.dumps({"router_status": {"policy": name}})] + [json.dumps(r)
+                                                                         for r in recs]
+            (logs / f"requests_azure_r{rnd}_{file}.jsonl").write_text("\n".join(lines) + "\n")
+    got = bands.recount(str(tmp_path))["azure"]["bands"]
+    assert {(name, b): [x["violations"], x["requests"]] for name, per in got.items()
+            for b, x in per.items()} == want
+    assert bands.main([str(tmp_path)]) == 0
+    assert "| smg:cache_aware |" in capsys.readouterr().out
+    (tmp_path / "routers.json").write_text(json.dumps({
+        "args": {"slo_scale": 0.0}, "routers": ["laps"], "isolated_ttft": None}))
+    with pytest.raises(SystemExit, match="no isolated TTFT"):
+        bands.recount(str(tmp_path))

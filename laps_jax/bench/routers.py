@@ -15,8 +15,10 @@ token ids (smg's `/v1/completions` takes string prompts only); through ours, Ope
 The order of routers rotates every round so a drifting machine does not always favour the
 same one. Figures: `workload.http_compare.mode_row`, with the SLO of each request `scale` x its
 measured isolated TTFT as in the simulator (`isolated.py`), and beside it the share over one
-fixed TTFT target (failures count as violations of both); `summarize` gives each figure's median and range over rounds and the
-median of per-round ratios against the reference routers.
+fixed TTFT target (failures count as violations of both), and the violations by new-token band
+(`bands.py`: which requests a router wins or loses); `summarize` gives each figure's median and
+range over rounds, the median of per-round ratios against the reference routers, and the
+pooled counts.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import urllib.request
 
 import numpy as np
 
+from laps_jax.bench.bands import by_band, pooled_bands
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
@@ -57,6 +60,7 @@ def figures(result, slo_ms: float, target_ms=None) -> dict:
                                      and r.ttft_s * 1000 <= target(r)) for r in reqs)
     if target_ms is not None:
         row["slo_violation_rate"] = row["slo_violations"] / max(len(reqs), 1)
+        row["bands"] = by_band(reqs, target)
     return row
 
 
@@ -179,6 +183,9 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
                                                   if name in r and ref in r])
                               for name in names}
     out["pooled"] = {name: pooled([r[name] for r in rounds if name in r]) for name in names}
+    bands = {name: pooled_bands([r[name] for r in rounds if name in r]) for name in names}
+    if any(bands.values()):
+        out["bands"] = bands
     return out
 
 
