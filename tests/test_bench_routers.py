@@ -222,6 +222,12 @@ def test_results_are_written_after_each_round_and_say_whether_the_run_ended(tmp_
     out = json.loads((tmp_path / "routers.json").read_text())
     assert out["complete"] is True and len(out["traces"]["azure"]["rounds"]) == 2
     assert list(out["traces"]) == ["azure", "mooncake"]
+    assert "new tokens" not in (tmp_path / "routers.md").read_text()  # no bands counted
+    rounds["mooncake"][0]["laps"]["bands"] = {"65-256": {"requests": 9, "violations": 4,
+                                                         "ttft_over_target_p50": 0.8}}
+    text = script.write_results(args, iso, rounds, complete=True)
+    azure, mooncake = text.split("### mooncake")  # the band table under its own trace only
+    assert "| laps | 4 / 9 (0.80) |" in mooncake and "new tokens" not in azure
 
 
 def test_sigterm_runs_every_finally_so_no_instance_is_left_running(tmp_path):
