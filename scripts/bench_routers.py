@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"round {r + 1}/{args.rounds}, {kind}")
                 rounds[kind].append(rb.run_round(work, instances, rb.rotated(args.routers, r),
                                                  args.slo_ms, args.short_threshold, logs, say,
-                                                 tag=f"{kind}_r{r + 1}",
+                                                 tag=rb.round_tag(kind, r + 1),
                                                  target_ms=target_ms))
                 write_results(args, isolated, rounds, complete=False)
     finally:

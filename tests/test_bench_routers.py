@@ -316,9 +316,10 @@ def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):
     import json
     bands = load_script("bench_router_bands")
     iso = {"tokens": [8, 512, 2046], "ms": [10.0, 100.0, 400.0]}
-    (tmp_path / "routers.json").write_text(json.dumps({
+    replays = {"laps": {}, "smg:cache_aware": {}}  # each round's routers, as bench_routers
+    (tmp_path / "routers.json").write_text(json.dumps({  # writes them
         "args": {"slo_scale": 3.0}, "routers": ["laps", "smg:cache_aware"],
-        "isolated_ttft": iso}))
+        "isolated_ttft": iso, "traces": {"azure": {"rounds": [replays, replays]}}}))
     logs = tmp_path / "bench_routers_x"
     logs.mkdir()
     rng = random.Random(7)

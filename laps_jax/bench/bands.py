@@ -22,15 +22,19 @@ def band_of(new_tokens: int, edges: tuple[int, ...] = BAND_EDGES) -> str:
     return f"over {edges[-1]}"
 
 
+def over_target(r, target) -> float:
+    """TTFT / the request's target (inf for a failure or no first token): > 1 is a violation."""
+    ok = r.status == 200 and r.ttft_s is not None
+    return r.ttft_s * 1000 / target(r) if ok else float("inf")
+
+
 def by_band(reqs, target) -> dict[str, dict]:
     """Per new-token band (`band_of`, by the trace's new tokens as the target is): requests,
     violations of their own targets, and the median of TTFT / target (a failure counts as
     over any target: None when the median is one)."""
     groups: dict[str, list[float]] = {}
     for r in reqs:
-        ok = r.status == 200 and r.ttft_s is not None
-        over = r.ttft_s * 1000 / target(r) if ok else float("inf")
-        groups.setdefault(band_of(max(r.new_tokens, 1)), []).append(over)
+        groups.setdefault(band_of(max(r.new_tokens, 1)), []).append(over_target(r, target))
     out = {}
     for band in sorted(groups, key=_band_start):
         xs = groups[band]

@@ -45,6 +45,10 @@ class IsolatedTTFT:
     def to_json(self) -> dict:
         return {"tokens": list(self.tokens), "ms": [round(m, 2) for m in self.ms]}
 
+    @classmethod
+    def from_json(cls, d: dict) -> "IsolatedTTFT":
+        return cls(tuple(d["tokens"]), tuple(d["ms"]))
+
 
 def ladder(max_tokens: int) -> list[int]:
     """Prompt lengths to time: doubling from 8, then halfway steps, up to `max_tokens`."""

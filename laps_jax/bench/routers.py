@@ -31,7 +31,7 @@ import urllib.request
 
 import numpy as np
 
-from laps_jax.bench.bands import by_band, pooled_bands
+from laps_jax.bench.bands import by_band, over_target, pooled_bands
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
@@ -56,8 +56,7 @@ def figures(result, slo_ms: float, target_ms=None) -> dict:
     row["fixed_slo_violation_rate"] = row["slo_violation_rate"]
     target = target_ms or (lambda r: slo_ms)
     reqs = result.requests
-    row["slo_violations"] = sum(not (r.status == 200 and r.ttft_s is not None
-                                     and r.ttft_s * 1000 <= target(r)) for r in reqs)
+    row["slo_violations"] = sum(over_target(r, target) > 1 for r in reqs)
     if target_ms is not None:
         row["slo_violation_rate"] = row["slo_violations"] / max(len(reqs), 1)
         row["bands"] = by_band(reqs, target)
@@ -91,9 +90,7 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         finally:
             router.stop()
         if tag:
-            _write_records(os.path.join(
-                log_dir, f"requests_{tag}_{spec.name.replace(':', '_')}.jsonl"),
-                result.requests, status)
+            _write_records(records_path(log_dir, tag, spec.name), result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
         out[spec.name]["steal_share"] = meter.steal  # the hypervisor's share of the cores
         if stalls is not None and stalls0 is not None:  # event-loop stalls during the replay:
@@ -109,6 +106,17 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                                            if k != "errors")
             + (f"; errors: {errors}" if errors else ""))
     return out
+
+
+def round_tag(trace: str, round_no: int) -> str:
+    """The tag of a trace's round (1-based) in its replays' file names."""
+    return f"{trace}_r{round_no}"
+
+
+def records_path(log_dir: str, tag: str, router: str) -> str:
+    """Where `run_round` writes one replay's per-request records (scripts/bench_router_bands.py
+    reads them back)."""
+    return os.path.join(log_dir, f"requests_{tag}_{router.replace(':', '_')}.jsonl")
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
