@@ -4,6 +4,7 @@ median of per-round ratios; and the routers' command lines. No process starts.""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -349,3 +350,57 @@ def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):
         "args": {"slo_scale": 0.0}, "routers": ["laps"], "isolated_ttft": None}))
     with pytest.raises(SystemExit, match="no isolated TTFT"):
         bands.recount(str(tmp_path))
+
+
+def _run_json(path, rounds, time_scale_for=None):
+    path.mkdir()
+    (path / "routers.json").write_text(json.dumps({
+        "args": {"max_requests": 600, "length_scale": 0.25, "time_scale": 1.1,
+                 "time_scale_for": time_scale_for or {}, "serve_args": "--max-chunk 256",
+                 "slo_scale": 5.0, "seed": 0},
+        "traces": {"azure": {"rounds": [
+            {name: {"slo_violations": v} for name, v in row.items()} for row in rounds]}}}))
+
+
+def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, capsys):
+    """bench_router_pairs.py pairs two routers' violations round by round across runs; its
+    median, geometric mean, pooled ratio and win count match counts made here; the bootstrap
+    interval holds the pooled ratio; runs of another load are refused, naming the setting."""
+    from laps_jax.bench import pairs as bp
+    rng = random.Random(3)
+    runs, want = [], []
+    for r in range(2):
+        rows = []
+        for _ in range(rng.randint(2, 4)):
+            a, b = rng.randint(20, 300), rng.randint(20, 300)
+            rows.append({"laps": a, "smg:cache_aware": b, "round-robin": rng.randint(1, 9)})
+            want.append((a, b))
+        rows.append({"laps": 5})  # a round the reference did not run: not a pair
+        _run_json(tmp_path / f"run{r}", rows)
+        runs.append(str(tmp_path / f"run{r}"))
+    ps = bp.pairs({d: bp.load_run(d) for d in runs}, "azure", "laps", "smg:cache_aware")
+    assert [(p.router, p.reference) for p in ps] == want
+    s = bp.summary(ps, draws=2000)
+    ratios = sorted(a / b for a, b in want)
+    n = len(ratios)
+    med = (ratios[n // 2] + ratios[(n - 1) // 2]) / 2
+    assert s["median"] == pytest.approx(med)
+    assert s["geomean"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))))
+    pooled = sum(a for a, _ in want) / sum(b for _, b in want)
+    assert s["pooled"] == pytest.approx(pooled)
+    assert s["won"] == sum(a < b for a, b in want) and s["lost"] == sum(a > b for a, b in want)
+    lo, hi = s["interval90"]
+    assert lo <= pooled <= hi and lo < hi
+    script = load_script("bench_router_pairs")
+    assert script.main(runs + ["--trace", "azure", "--draws", "500"]) == 0
+    out = capsys.readouterr().out
+    assert f"pooled {sum(a for a, _ in want)} / {sum(b for _, b in want)}" in out
+    assert len([l for l in out.splitlines() if l.startswith(("| run0 |", "| run1 |"))]) \
+        == len(want)  # one row per pair, none for the unpaired rounds
+    _run_json(tmp_path / "other", [{"laps": 1, "smg:cache_aware": 2}],
+              time_scale_for={"azure": 0.8})
+    assert script.main(runs + [str(tmp_path / "other"), "--trace", "azure"]) == 2
+    assert "time_scale: [1.1, 1.1, 0.8]" in capsys.readouterr().err
+    assert script.main(runs + [str(tmp_path / "other"), "--trace", "azure",
+                               "--allow-mixed"]) == 0
+    assert script.main(runs + ["--trace", "mooncake"]) == 2  # no such rounds

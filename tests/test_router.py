@@ -254,6 +254,34 @@ def test_laps_sends_a_request_away_from_an_instance_its_streams_decode_on():
         loop.close()
 
 
+def test_laps_counts_each_decoding_sequence_when_asked():
+    loop = asyncio.new_event_loop()
+    try:
+        rng = random.Random(7)
+        for _ in range(5):
+            few, many = rng.randint(1, 3), rng.randint(4, 8)
+            busy = rng.randrange(2)  # the instance with more sequences decoding
+            for per_seq, want in ((25.0, 1 - busy), (0.0, None)):
+                r = _router(2, "laps", decode_step_tokens=64.0, decode_seq_tokens=per_seq)
+                for k, n in ((busy, many), (1 - busy, few)):
+                    inst = r.instances[k]
+                    for _ in range(n):
+                        inst.load.prefilled(inst.load.sent(40, 0.0, True), 0.1)
+                        inst.inflight.add(loop.create_future())
+                    assert inst.decoding == n
+                got = {r.pick(Estimate(None, 30, False), set())[0] for _ in range(4)}
+                # counted: always the one with fewer; not: both decode, a tie taken in turn
+                assert got == ({want} if want is not None else {0, 1})
+    finally:
+        loop.close()
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    for bad in ("-1", "inf", "nan"):
+        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
+                                          "--decode-seq-tokens", bad])
+        with pytest.raises(ValueError, match="--decode-seq-tokens"):
+            make_router(args)
+
+
 def test_pick_follows_the_cached_history_and_counts_load():
     r = _router()
     history = list(range(200, 264))

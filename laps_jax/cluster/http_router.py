@@ -14,8 +14,9 @@ full, fed with each instance's load (pending prefill tokens, and of them short o
 instances.py, upstream.py), its requests in flight, whether the router's requests decode
 there (laps, off unless `decode_step_tokens`: a laps instance runs a decode step before each
 prefill step while any sequence decodes; None counts a decode step as a prefill of the
-threshold's tokens, both memory-bound steps; other clients' decoding is not seen; it showed
-no gain live, docs/BENCHMARKS.md session 18), and the prefix of the prompt its cache is
+threshold's tokens, both memory-bound steps; `decode_seq_tokens` adds more per sequence
+decoding there; other clients' decoding is not seen; neither showed a gain live,
+docs/BENCHMARKS.md sessions 18 and 27), and the prefix of the prompt its cache is
 expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
 the one the instances report from their latency profiles (`laps_short_threshold_tokens`), and
 the long chunk a short request may wait out on an instance is the one it reports
@@ -106,7 +107,7 @@ class HTTPRouter:
                  tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
                  max_inflight: int = 256,
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
-                 long_chunk_tokens: float | None = None):
+                 decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -120,6 +121,7 @@ class HTTPRouter:
                                     self.config.spill_s, FALLBACK_CHUNK)
         self.tokenizer, self.max_inflight = tokenizer, max_inflight
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
+        self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
@@ -194,10 +196,13 @@ class HTTPRouter:
                   if est.ids else [0] * len(self.instances))
         loads = [i.load.load for i in self.instances]
         # a decode step, in tokens (None: a memory-bound step, a prefill of the threshold's
-        # tokens, where prefill turns compute-bound; 0, the default: not counted)
+        # tokens, where prefill turns compute-bound; 0, the default: not counted), plus
+        # `decode_seq_tokens` per sequence decoding there (0, the default: not counted)
         step = (float(self.threshold) if self.decode_step_tokens is None
                 else self.decode_step_tokens)
-        decode = [step if i.decoding else 0.0 for i in self.instances] if step else None
+        per_seq = self.decode_seq_tokens
+        decode = ([(step if i.decoding else 0.0) + per_seq * i.decoding
+                   for i in self.instances] if step or per_seq else None)
         c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible,
                                short_loads=[i.load.short_load for i in self.instances],
                                inflight=[len(i.inflight) for i in self.instances],

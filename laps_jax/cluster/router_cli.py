@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "its prefill steps; count one decode step as this many prefill tokens "
                          "(-1: the threshold, the prefill a memory-bound step holds; default 0: "
                          "not counted; it showed no gain live, docs/BENCHMARKS.md)")
+    ap.add_argument("--decode-seq-tokens", type=float, default=0.0,
+                    help="laps (experimental): add this many prefill tokens to that decode "
+                         "step per sequence of the router's decoding there, so a request "
+                         "leans to the instance with the fewest decoding (default 0: not "
+                         "counted; no gain live, docs/BENCHMARKS.md session 27)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
@@ -104,6 +110,9 @@ def make_router(args):
         tokenizer = Tokenizer(args.tokenizer)
     if bool(args.prefill) != bool(args.decode) or bool(args.instance) == bool(args.prefill):
         raise ValueError("give --instance URL..., or --prefill URL... with --decode URL...")
+    if not (args.decode_seq_tokens >= 0 and math.isfinite(args.decode_seq_tokens)):
+        raise ValueError(f"--decode-seq-tokens must be a finite number >= 0, "
+                         f"got {args.decode_seq_tokens}")
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
@@ -117,6 +126,7 @@ def make_router(args):
                         spill_tokens=args.spill_tokens, max_inflight=args.max_inflight,
                         decode_step_tokens=(None if args.decode_step_tokens < 0
                                             else args.decode_step_tokens),
+                        decode_seq_tokens=args.decode_seq_tokens,
                         instance_api_key=args.instance_api_key,
                         long_chunk_tokens=args.long_chunk_tokens)
     if args.prefill:
