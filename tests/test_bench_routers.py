@@ -404,3 +404,7 @@ def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, c
     assert script.main(runs + [str(tmp_path / "other"), "--trace", "azure",
                                "--allow-mixed"]) == 0
     assert script.main(runs + ["--trace", "mooncake"]) == 2  # no such rounds
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "routers.json").write_text('{"args": ')
+    with pytest.raises(SystemExit, match="broken.*not JSON"):
+        script.main([str(tmp_path / "broken"), "--trace", "azure"])

@@ -22,7 +22,8 @@ import statistics
 
 # settings two runs must share for their rounds to be pooled (routers.json's `args`)
 SAME = ("max_requests", "length_scale", "time_scale", "sample", "instances", "model",
-        "max_model_len", "serve_args", "slo_scale", "slo_ms", "short_threshold", "seed")
+        "max_model_len", "serve_args", "pin_cpus", "slo_scale", "slo_ms", "short_threshold",
+        "seed")
 
 
 @dataclasses.dataclass
@@ -45,6 +46,8 @@ def load_run(run_dir: str) -> dict:
             return json.load(f)
     except FileNotFoundError:
         raise SystemExit(f"{run_dir}: no routers.json (not a bench_routers.py output dir)")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not JSON ({e})")
 
 
 def settings(run: dict, trace: str) -> dict:
