@@ -352,10 +352,11 @@ def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):
         bands.recount(str(tmp_path))
 
 
-def _run_json(path, rounds, time_scale_for=None):
+def _run_json(path, rounds, time_scale_for=None, trace_file="azure.csv"):
     path.mkdir()
     (path / "routers.json").write_text(json.dumps({
-        "args": {"max_requests": 600, "length_scale": 0.25, "time_scale": 1.1,
+        "args": {"trace": [["azure", trace_file]], "max_requests": 600, "length_scale": 0.25,
+                 "time_scale": 1.1,
                  "time_scale_for": time_scale_for or {}, "serve_args": "--max-chunk 256",
                  "slo_scale": 5.0, "seed": 0},
         "traces": {"azure": {"rounds": [
@@ -404,6 +405,10 @@ def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, c
     assert script.main(runs + [str(tmp_path / "other"), "--trace", "azure",
                                "--allow-mixed"]) == 0
     assert script.main(runs + ["--trace", "mooncake"]) == 2  # no such rounds
+    _run_json(tmp_path / "elsewhere", [{"laps": 1, "smg:cache_aware": 2}],
+              trace_file="other_azure.csv")
+    assert script.main(runs + [str(tmp_path / "elsewhere"), "--trace", "azure"]) == 2
+    assert "trace_file" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "routers.json").write_text('{"args": ')
     with pytest.raises(SystemExit, match="broken.*not JSON"):

@@ -54,6 +54,8 @@ def settings(run: dict, trace: str) -> dict:
     """The settings that decide a trace's load in a run (per-trace overrides applied)."""
     a = run["args"]
     out = {k: a.get(k) for k in SAME}
+    # the trace file itself (a kind names a format, two runs may replay different files)
+    out["trace_file"] = [path for kind, path in a.get("trace") or [] if kind == trace]
     for k in ("max_requests", "length_scale", "time_scale", "sample"):
         per = a.get(f"{k}_for") or {}  # bench_routers.py's --KEY-for KIND=VALUE, parsed
         if trace in per:
@@ -77,7 +79,7 @@ def pairs(runs: dict[str, dict], trace: str, router: str, reference: str) -> lis
 def mismatched(runs: dict[str, dict], trace: str) -> dict[str, list]:
     """Settings that differ between the runs: {setting: [value per run]} (empty: poolable)."""
     s = [settings(r, trace) for r in runs.values()]
-    return {k: [x[k] for x in s] for k in SAME if len({json.dumps(x[k]) for x in s}) > 1}
+    return {k: [x[k] for x in s] for k in s[0] if len({json.dumps(x[k]) for x in s}) > 1}
 
 
 def summary(ps: list[Pair], draws: int = 10000, seed: int = 0) -> dict:
