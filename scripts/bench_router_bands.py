@@ -21,14 +21,13 @@ from types import SimpleNamespace
 
 from laps_jax.bench import bands as bb
 from laps_jax.bench.isolated import IsolatedTTFT
-from laps_jax.bench.routers import records_path, round_tag
+from laps_jax.bench.routers import read_run, records_path, round_tag
 
 
 def recount(run_dir: str) -> dict[str, dict]:
     """{trace: {"bands": {router: pooled bands}}}, as `routers.summarize` would give them, for
     every replay routers.json lists whose records are on disk."""
-    with open(os.path.join(run_dir, "routers.json")) as f:
-        run = json.load(f)
+    run = read_run(run_dir)
     if not run.get("isolated_ttft") or not run["args"].get("slo_scale"):
         raise SystemExit(f"{run_dir}: the run timed no isolated TTFT (--slo-scale 0): "
                          "no per-request targets to count against")

@@ -17,6 +17,7 @@ import os
 import sys
 
 from laps_jax.bench import pairs as bp
+from laps_jax.bench.routers import read_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="pool runs whose settings for the trace differ")
     ap.add_argument("--draws", type=int, default=10000, help="bootstrap draws (default 10000)")
     args = ap.parse_args(argv)
-    runs = {os.path.basename(os.path.normpath(d)): bp.load_run(d) for d in args.runs}
+    runs = {os.path.basename(os.path.normpath(d)): read_run(d) for d in args.runs}
     if len(runs) != len(args.runs):
         ap.error("two run dirs share a name; give each run its own folder name")
     differ = bp.mismatched(runs, args.trace)

@@ -184,7 +184,7 @@ def write_results(args, isolated, rounds: dict[str, list], complete: bool) -> st
            "complete": complete, "isolated_ttft": isolated.to_json() if isolated else None,
            "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
                       for kind, rs in rounds.items() if rs}}
-    with open(os.path.join(args.output_dir, "routers.json"), "w") as f:
+    with open(os.path.join(args.output_dir, rb.RUN_FILE), "w") as f:
         json.dump(out, f, indent=1)
     text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
                    + (f"\n{b}" if (b := bands.band_markdown(v["summary"])) else "")

@@ -379,7 +379,7 @@ def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, c
         rows.append({"laps": 5})  # a round the reference did not run: not a pair
         _run_json(tmp_path / f"run{r}", rows)
         runs.append(str(tmp_path / f"run{r}"))
-    ps = bp.pairs({d: bp.load_run(d) for d in runs}, "azure", "laps", "smg:cache_aware")
+    ps = bp.pairs({d: rb.read_run(d) for d in runs}, "azure", "laps", "smg:cache_aware")
     assert [(p.router, p.reference) for p in ps] == want
     s = bp.summary(ps, draws=2000)
     ratios = sorted(a / b for a, b in want)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import statistics
 
@@ -37,17 +36,6 @@ class Pair:
     def ratio(self) -> float:
         return self.router / self.reference if self.reference else \
             (1.0 if not self.router else math.inf)
-
-
-def load_run(run_dir: str) -> dict:
-    path = os.path.join(run_dir, "routers.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise SystemExit(f"{run_dir}: no routers.json (not a bench_routers.py output dir)")
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"{path}: not JSON ({e})")
 
 
 def settings(run: dict, trace: str) -> dict:
@@ -89,7 +77,7 @@ def summary(ps: list[Pair], draws: int = 10000, seed: int = 0) -> dict:
         raise ValueError("no round has both routers")
     ratios = [p.ratio for p in ps]
     finite = [r for r in ratios if 0 < r < math.inf]
-    pooled = sum(p.router for p in ps) / max(sum(p.reference for p in ps), 1)
+    total, ref_total = sum(p.router for p in ps), sum(p.reference for p in ps)
     rng = random.Random(seed)
     boot = []
     for _ in range(draws):
@@ -100,8 +88,8 @@ def summary(ps: list[Pair], draws: int = 10000, seed: int = 0) -> dict:
             "lost": sum(p.router > p.reference for p in ps),
             "median": statistics.median(ratios),
             "geomean": math.exp(statistics.fmean(map(math.log, finite))) if finite else None,
-            "pooled": pooled, "router_total": sum(p.router for p in ps),
-            "reference_total": sum(p.reference for p in ps),
+            "pooled": total / max(ref_total, 1), "router_total": total,
+            "reference_total": ref_total,
             "interval90": (boot[int(0.05 * (draws - 1))], boot[int(0.95 * (draws - 1))])}
 
 

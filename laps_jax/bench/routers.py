@@ -119,6 +119,22 @@ def records_path(log_dir: str, tag: str, router: str) -> str:
     return os.path.join(log_dir, f"requests_{tag}_{router.replace(':', '_')}.jsonl")
 
 
+RUN_FILE = "routers.json"  # a run's settings, isolated TTFT and every round's figures
+
+
+def read_run(run_dir: str) -> dict:
+    """A bench_routers.py output dir's RUN_FILE (the scripts that read a finished run back),
+    or a clear error naming the dir or file."""
+    path = os.path.join(run_dir, RUN_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"{run_dir}: no {RUN_FILE} (not a bench_routers.py output dir)")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not JSON ({e})")
+
+
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
     """CPU seconds used so far by each group of processes (None where one is unreadable)."""
     out = {}
