@@ -396,6 +396,19 @@ def test_estimate_reads_prompts():
         assert e.value.status == 400
 
 
+def test_tokenizer_builtin_is_serve_py_s_default_model():
+    """`--tokenizer builtin` (serve.py's default --model) tokenizes as that model does."""
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    from laps_jax.config import builtin_model_dir
+    from laps_jax.text.tokenizer import Tokenizer
+    r = make_router(build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
+                                               "--tokenizer", "builtin"]))
+    text = "Ünïcode and spaces   then code: def f(x): return x"
+    want = Tokenizer(builtin_model_dir()).encode(text)
+    got = estimate(json.dumps({"prompt": text}).encode(), "completion", r.tokenizer, 2048)
+    assert got.ids == want and got.tokens == len(want) != len(text) // 4
+
+
 def test_no_affinity_makes_round_robin_plain_data_parallelism():
     from laps_jax.cluster.router_cli import build_parser, make_router
     urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]

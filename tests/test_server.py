@@ -121,6 +121,7 @@ def test_models_health_metrics(server, client):
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "content"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "wizard"),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     # not implemented: refused, not silently ignored
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

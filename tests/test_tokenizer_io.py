@@ -169,6 +169,28 @@ def test_chat_template_tools_match_transformers(ours, hf):
     assert '"Zürich"' in ours.apply_chat_template(TOOL_CONVERSATION)
 
 
+def test_chat_roles_developer_is_system_and_unknown_roles_are_refused(ours, hf):
+    """The template drops a role it does not know without a word (an OpenAI client's
+    "developer" instruction vanished from the prompt); parse_messages renders "developer" as
+    transformers renders "system", and refuses any other unknown role, naming it."""
+    from laps_jax.text.prompts import PromptError, parse_messages
+    instruction = "Answer in French, in one short sentence. " * 3
+    for later in (False, True):
+        msgs = [{"role": "user", "content": "What is a list?"}]
+        at = 2 if later else 0
+        if later:
+            msgs += [{"role": "assistant", "content": "A sequence."}]
+        as_system = msgs[:at] + [{"role": "system", "content": instruction}] + msgs[at:]
+        as_developer = [dict(m, role="developer") if m["role"] == "system" else m
+                        for m in as_system]
+        got = parse_messages({"messages": as_developer}, ours, 4096)
+        assert got == _hf_chat(hf, as_system)[1] != ours.encode_chat(msgs)
+    for role in ("wizard", "function", "System"):
+        with pytest.raises(PromptError, match=f"role must be one of .*got '{role}'") as e:
+            parse_messages({"messages": [{"role": role, "content": "hi"}]}, ours, 4096)
+        assert e.value.param == "messages"
+
+
 def test_template_list_in_config_and_template_kwargs(tmp_path):
     d = write_tokenizer_files(tmp_path, chat_template_in=None)
     cfg = json.loads((d / "tokenizer_config.json").read_text())

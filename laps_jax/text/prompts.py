@@ -13,6 +13,10 @@ from __future__ import annotations
 # a token covers at most the tokenizer's longest vocabulary entry; normalizers (NFC) can shrink
 # text a little, so the prompt-size bound keeps this much slack before refusing unread
 SIZE_SLACK = 2
+# the chat roles a Qwen2-style template renders; "developer" (what newer OpenAI clients send in
+# place of "system") is rendered as "system". Any other role would be dropped from the prompt
+# by the template without a word, so it is refused instead.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class PromptError(ValueError):
@@ -92,6 +96,11 @@ def parse_messages(body: dict, tokenizer, max_model_len: int) -> list[int]:
             raise PromptError(f"messages[{i}] must be an object", param="messages")
         if not isinstance(m.get("role"), str) or not m["role"]:
             raise PromptError(f"messages[{i}] needs a string 'role'", param="messages")
+        if m["role"] not in CHAT_ROLES:
+            raise PromptError(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, "
+                              f"got {m['role'][:40]!r}", param="messages")
+        if m["role"] == "developer":
+            m = messages[i] = dict(m, role="system")
         content = m.get("content")
         if isinstance(content, list):  # OpenAI content parts: keep the text ones
             if not all(isinstance(p, dict) and p.get("type") == "text"
