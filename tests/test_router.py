@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import threading
 import time
@@ -279,6 +280,64 @@ def test_laps_counts_each_decoding_sequence_when_asked():
         args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
                                           "--decode-seq-tokens", bad])
         with pytest.raises(ValueError, match="--decode-seq-tokens"):
+            make_router(args)
+
+
+def test_pace_means_and_relative_speeds_by_hand():
+    """The exponential mean of TTFT per token ahead (+ the overhead), and the factors around 1
+    that pull back to 1 as a pace ages, against numbers made here from random samples."""
+    from laps_jax.cluster.pace import CLIP, OVERHEAD_TOKENS, Pace, relative_speeds
+    rng = random.Random(11)
+    for _ in range(20):
+        w = rng.uniform(0.1, 1.0)
+        paces, want = [Pace(w), Pace(w), Pace(w)], []
+        for p in paces[:2]:
+            m = None
+            for _ in range(rng.randint(1, 6)):
+                sec, ahead, new = rng.uniform(0.01, 0.5), rng.uniform(0, 900), rng.randint(1, 600)
+                x = sec / (ahead + new + OVERHEAD_TOKENS)
+                m = x if m is None else (1 - w) * m + w * x
+                p.observe(sec, ahead, new, now=10.0)
+            assert p.value == pytest.approx(m)
+            want.append(m)
+        mean = sum(want) / 2
+        got = relative_speeds(paces, now=10.0)  # fresh: no pull toward 1; the third unknown
+        clip = lambda f: min(max(f, CLIP[0]), CLIP[1])  # noqa: E731
+        assert got == pytest.approx([clip(want[0] / mean), clip(want[1] / mean), 1.0])
+        aged = relative_speeds(paces, now=10.0 + 2.0, forget_s=2.0)
+        assert aged[0] == pytest.approx(clip(1 + (want[0] / mean - 1) / math.e))
+    one = [Pace(0.5), Pace(0.5)]
+    one[0].observe(0.2, 0, 10, 1.0)
+    one[0].observe(float("nan"), 0, 10, 1.0)  # ignored
+    assert relative_speeds(one, 1.0) == [1.0, 1.0]  # one pace alone says nothing
+    with pytest.raises(ValueError, match="pace weight"):
+        Pace(0.0)
+
+
+def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
+    rng = random.Random(5)
+    for _ in range(5):
+        slow = rng.randrange(2)
+        for weight, want in ((0.5, {1 - slow}), (0.0, {0, 1})):
+            r = _router(2, "laps", pace_weight=weight)
+            for k in range(2):
+                inst = r.instances[k]
+                t0 = time.monotonic()
+                ticket = inst.load.sent(100, t0, True)
+                # its first token back: the slow one took 3-5x as long for the same work
+                sec = rng.uniform(0.05, 0.1) * (rng.uniform(3, 5) if k == slow else 1)
+                if inst.pace is not None:
+                    inst.pace.observe(sec, 0.0, 100, time.monotonic())
+                inst.load.prefilled(ticket, t0 + sec)
+            # both idle, alike in load: the slow one is avoided when paces are weighed,
+            # else a tie taken in turn
+            got = {r.pick(Estimate(None, 30, False), set())[0] for _ in range(4)}
+            assert got == want
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    for bad in ("-0.5", "1.5", "nan"):
+        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
+                                          "--pace-weight", bad])
+        with pytest.raises(ValueError, match="--pace-weight"):
             make_router(args)
 
 

@@ -16,7 +16,8 @@ there (laps, off unless `decode_step_tokens`: a laps instance runs a decode step
 prefill step while any sequence decodes; None counts a decode step as a prefill of the
 threshold's tokens, both memory-bound steps; `decode_seq_tokens` adds more per sequence
 decoding there; other clients' decoding is not seen; neither showed a gain live,
-docs/BENCHMARKS.md sessions 18 and 27), and the prefix of the prompt its cache is
+docs/BENCHMARKS.md sessions 18 and 27), how fast each has lately turned work into first
+tokens (laps, off unless `pace_weight`: cluster/pace.py), and the prefix of the prompt its cache is
 expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
 the one the instances report from their latency profiles (`laps_short_threshold_tokens`), and
 the long chunk a short request may wait out on an instance is the one it reports
@@ -48,6 +49,7 @@ import aiohttp
 from aiohttp import web
 
 from laps_jax.cluster.instances import Instance, log, poll_forever
+from laps_jax.cluster.pace import Pace, relative_speeds
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
 from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
@@ -107,7 +109,8 @@ class HTTPRouter:
                  tokenizer=None, threshold: int | None = None, spill_tokens: float = 2048.0,
                  max_inflight: int = 256,
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
-                 decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None):
+                 decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
+                 pace_weight: float = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -116,6 +119,10 @@ class HTTPRouter:
         self.config = dataclasses.replace(
             config, spill_s=spill_tokens if config.spill_s is None else config.spill_s)
         self.instances = [Instance(u.rstrip("/")) for u in urls]
+        self.pace_weight = pace_weight  # laps: weigh each instance's measured pace (0: not)
+        if pace_weight:
+            for inst in self.instances:
+                inst.pace = Pace(pace_weight)
         self.policy = RoutingPolicy(len(urls), self.config,
                                     lambda new, cached: new <= self.threshold,
                                     self.config.spill_s, FALLBACK_CHUNK)
@@ -207,7 +214,10 @@ class HTTPRouter:
                                short_loads=[i.load.short_load for i in self.instances],
                                inflight=[len(i.inflight) for i in self.instances],
                                decode_step=decode,
-                               chunk=[self.long_chunk(i) for i in self.instances])
+                               chunk=[self.long_chunk(i) for i in self.instances],
+                               speed=(relative_speeds([i.pace for i in self.instances],
+                                                      time.monotonic())
+                                      if self.pace_weight else None))
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
     def status(self) -> dict:
@@ -241,13 +251,20 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         k, new, short = router.pick(est, tried)
         inst = router.instances[k]
         inst.routed += 1
-        ticket = inst.load.sent(new, time.monotonic(), short)
+        t0, ahead = time.monotonic(), inst.load.load
+        ticket = inst.load.sent(new, t0, short)
         if est.ids and inst.blocks is not None:
             inst.blocks.add(est.ids)
         prefilled = lambda: inst.load.prefilled(ticket, time.monotonic())  # noqa: E731
+
+        def first_token() -> None:
+            if inst.pace is not None and est.stream:  # (a whole answer's time is not TTFT)
+                now = time.monotonic()
+                inst.pace.observe(now - t0, ahead, new, now)
+            prefilled()
         try:
             return await relay(request, router.session, inst, path, raw, est.stream,
-                               router.upstream_headers, on_first=prefilled)
+                               router.upstream_headers, on_first=first_token)
         except InstanceDown as e:  # refused before anything was sent: try another one
             inst.mark_down(str(e))
             tried.add(k)

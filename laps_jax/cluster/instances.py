@@ -36,6 +36,7 @@ import time
 
 import aiohttp
 
+from laps_jax.cluster.pace import Pace
 from laps_jax.cluster.upstream import BlockIndex, LoadBook, MetricsReport, parse_metrics
 
 POLL_INTERVAL_S = 0.5
@@ -59,6 +60,7 @@ class Instance:
     load: LoadBook = dataclasses.field(default_factory=LoadBook)
     inflight: set = dataclasses.field(default_factory=set)  # futures set when it goes down
     last_data: float = -1e9         # monotonic time of the last byte relayed from it
+    pace: Pace | None = None        # how fast it has lately prefilled (experimental; pace.py)
 
     @property
     def healthy(self) -> bool:
@@ -91,6 +93,8 @@ class Instance:
         self._enter("down", why)
         self.fail_inflight()
         self.load.clear()
+        if self.pace is not None:
+            self.pace.clear()
         if self.blocks is not None:
             self.blocks.clear()
         self.models = None  # read again when it comes back (it may serve another model)

@@ -19,7 +19,9 @@ unless every one does):
     wait_i  += decode_i x its prefill steps (cost / chunk, at least one), when the caller knows
                decode_i, one decode step's work on i (0 when nothing decodes there): a laps
                instance runs a decode step before each prefill step while sequences decode
-    finish_i = wait_i + cost(new_i, cached_i) + margin when i is in the other group
+    finish_i = (wait_i + cost(new_i, cached_i)) x speed_i + margin when i is in the other
+               group (speed_i: how slow i has lately run against the others, when the caller
+               measures it: cluster/pace.py, experimental; else 1)
     key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
 
 and the request goes to the least `key_i`. The margin is `spill_s` (one full prefill step)
@@ -58,6 +60,8 @@ class LapsInputs:
     decode_step: Seq[float] | None = None  # per instance, one decode step's work (0: none
                                            # decoding); None: not known
     chunk: Seq[float] | None = None  # per instance, its long chunk's work; None: `chunk_s`
+    speed: Seq[float] | None = None  # per instance, how slow it runs now against the others
+                                     # (1: as they do; cluster/pace.py); None: all alike
 
 
 @dataclasses.dataclass
@@ -118,7 +122,11 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
         margin = 0.0
         if cross:
             margin = cross_s if short else (0.0 if inp.loads[i] <= IDLE_S else spill_s)
-        key = (wait + c + margin + harm * (c - least), tie(i))
+        if inp.speed is not None:  # the work ahead and its own, at the instance's pace
+            wait, c_here = wait * inp.speed[i], c * inp.speed[i]
+        else:
+            c_here = c
+        key = (wait + c_here + margin + harm * (c - least), tie(i))
         if best is None or key < best[0]:
             best = (key, LapsDecision(i, short, c, cross))
     d = best[1]

@@ -113,7 +113,8 @@ class RoutingPolicy:
                inflight: Seq[int] | None = None,
                long_items: Seq[Seq[float]] | None = None,
                decode_step: Seq[float] | None = None,
-               chunk: Seq[float] | None = None) -> Choice:
+               chunk: Seq[float] | None = None,
+               speed: Seq[float] | None = None) -> Choice:
         """The instance for a prompt of `prompt_len` tokens, given each instance's cached
         prefix of it and its pending prefill work. `eligible` (default: all) leaves out the
         instances that cannot take work now (a network router's unhealthy or full ones); with
@@ -122,14 +123,15 @@ class RoutingPolicy:
         on each instance (prefix; default: none); `long_items`: each instance's pending long
         requests' remaining work (laps; default: only their sum is known); `decode_step`: one
         decode step's work on each instance, 0 where nothing decodes (laps; default: unknown);
-        `chunk`: each instance's own long chunk (laps; default: `chunk_s` for all)."""
+        `chunk`: each instance's own long chunk (laps; default: `chunk_s` for all); `speed`:
+        how slow each instance runs now against the others (laps; default: alike)."""
         if eligible is not None and not any(eligible):
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
         p = self.config.policy
         if p == "laps" and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
-                                decode_step, chunk)
+                                decode_step, chunk, speed)
         elif p == "prefix":
             i, by_cache = pick_cache_aware(prompt_len, cached, inflight or [0] * self.n,
                                            self.stats.routed, ok, self.config.cache_aware)
@@ -175,11 +177,12 @@ class RoutingPolicy:
                    ok: Callable[[int], bool], short_loads: Seq[float] | None,
                    long_items: Seq[Seq[float]] | None = None,
                    decode_step: Seq[float] | None = None,
-                   chunk: Seq[float] | None = None) -> int:
+                   chunk: Seq[float] | None = None,
+                   speed: Seq[float] | None = None) -> int:
         before = len(self.groups.moves)
         inp = LapsInputs(prompt_len, cached, loads,
                          [0.0] * self.n if short_loads is None else short_loads,
-                         [ok(k) for k in range(self.n)], long_items, decode_step, chunk)
+                         [ok(k) for k in range(self.n)], long_items, decode_step, chunk, speed)
         d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
                       self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
                       self.config.harm)

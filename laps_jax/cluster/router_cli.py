@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "step per sequence of the router's decoding there, so a request "
                          "leans to the instance with the fewest decoding (default 0: not "
                          "counted; no gain live, docs/BENCHMARKS.md session 27)")
+    ap.add_argument("--pace-weight", type=float, default=0.0,
+                    help="laps (experimental): weigh each instance's work by how fast it has "
+                         "lately turned work into first tokens against the others (an "
+                         "exponential mean of streamed requests' TTFT per token ahead, this "
+                         "weight per sample, in (0, 1]; default 0: not measured)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
@@ -115,6 +120,8 @@ def make_router(args):
     if not (args.decode_seq_tokens >= 0 and math.isfinite(args.decode_seq_tokens)):
         raise ValueError(f"--decode-seq-tokens must be a finite number >= 0, "
                          f"got {args.decode_seq_tokens}")
+    if not (args.pace_weight == 0 or 0 < args.pace_weight <= 1):
+        raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
@@ -130,7 +137,8 @@ def make_router(args):
                                             else args.decode_step_tokens),
                         decode_seq_tokens=args.decode_seq_tokens,
                         instance_api_key=args.instance_api_key,
-                        long_chunk_tokens=args.long_chunk_tokens)
+                        long_chunk_tokens=args.long_chunk_tokens,
+                        pace_weight=args.pace_weight)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill))
