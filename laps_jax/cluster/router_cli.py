@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps (experimental): weigh each instance's work by how fast it has "
                          "lately turned work into first tokens against the others (an "
                          "exponential mean of streamed requests' TTFT per token ahead, this "
-                         "weight per sample, in (0, 1]; default 0: not measured)")
+                         "weight per sample, in (0, 1]; default 0: not measured; 0.3 led in "
+                         "one run and not the next, docs/BENCHMARKS.md session 28)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
