@@ -284,10 +284,14 @@ def builtin_model_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin_model")
 
 
+def model_dir(spec: str) -> str:
+    """'builtin' names the packaged checkpoint's directory; anything else is itself."""
+    return builtin_model_dir() if spec == BUILTIN else spec
+
+
 def resolve_model(spec: str) -> tuple[ModelConfig, str | None]:
     """A preset name gives (config, None); a directory or 'builtin' gives (config, dir)."""
-    if spec == BUILTIN:
-        spec = builtin_model_dir()
+    spec = model_dir(spec)
     if spec in PRESETS:
         return PRESETS[spec], None
     if os.path.isdir(spec):

@@ -238,6 +238,15 @@ def _router(n=2, policy="least-load", **kw) -> HTTPRouter:
     return r
 
 
+def _refused(flag: str, values) -> None:
+    """router.py refuses each value of `flag`, naming the flag."""
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    for bad in values:
+        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000", flag, bad])
+        with pytest.raises(ValueError, match=flag):
+            make_router(args)
+
+
 def test_laps_sends_a_request_away_from_an_instance_its_streams_decode_on():
     loop = asyncio.new_event_loop()
     try:
@@ -275,12 +284,7 @@ def test_laps_counts_each_decoding_sequence_when_asked():
                 assert got == ({want} if want is not None else {0, 1})
     finally:
         loop.close()
-    from laps_jax.cluster.router_cli import build_parser, make_router
-    for bad in ("-1", "inf", "nan"):
-        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
-                                          "--decode-seq-tokens", bad])
-        with pytest.raises(ValueError, match="--decode-seq-tokens"):
-            make_router(args)
+    _refused("--decode-seq-tokens", ("-1", "inf", "nan"))
 
 
 def test_pace_means_and_relative_speeds_by_hand():
@@ -333,12 +337,7 @@ def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
             # else a tie taken in turn
             got = {r.pick(Estimate(None, 30, False), set())[0] for _ in range(4)}
             assert got == want
-    from laps_jax.cluster.router_cli import build_parser, make_router
-    for bad in ("-0.5", "1.5", "nan"):
-        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000",
-                                          "--pace-weight", bad])
-        with pytest.raises(ValueError, match="--pace-weight"):
-            make_router(args)
+    _refused("--pace-weight", ("-0.5", "1.5", "nan"))
 
 
 def test_pick_follows_the_cached_history_and_counts_load():

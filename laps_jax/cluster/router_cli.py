@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "so they refuse it)")
     ap.add_argument("--tokenizer", default=None, metavar="DIR",
                     help="the instances' model (or tokenizer) directory, or 'builtin' for "
-                         "serve.py's default model: text prompts and chat messages are tokenized as serve.py does, for prefix affinity and "
-                         "exact new-token counts; without it text length estimates the tokens "
-                         "and requests are routed without prefix affinity")
+                         "serve.py's default model: text prompts and chat messages are "
+                         "tokenized as serve.py does, for prefix affinity and exact new-token "
+                         "counts; without it text length estimates the tokens and requests "
+                         "are routed without prefix affinity")
     ap.add_argument("--threshold", type=int, default=None,
                     help="new tokens at or under which a request is short (default: what the "
                          "instances report in /metrics as laps_short_threshold_tokens, from "
@@ -112,10 +113,9 @@ def make_router(args):
     from laps_jax.cluster.policy import RouterConfig
     tokenizer = None
     if args.tokenizer:
-        from laps_jax.config import BUILTIN, builtin_model_dir
+        from laps_jax.config import model_dir
         from laps_jax.text.tokenizer import Tokenizer
-        tokenizer = Tokenizer(builtin_model_dir() if args.tokenizer == BUILTIN
-                              else args.tokenizer)
+        tokenizer = Tokenizer(model_dir(args.tokenizer))
     if bool(args.prefill) != bool(args.decode) or bool(args.instance) == bool(args.prefill):
         raise ValueError("give --instance URL..., or --prefill URL... with --decode URL...")
     if not (args.decode_seq_tokens >= 0 and math.isfinite(args.decode_seq_tokens)):
