@@ -30,11 +30,14 @@ does. Without a tokenizer the router estimates a text's tokens from its length
 The router validates only what it must read (the body is a JSON object); anything else about a
 request is for the instance to judge, and its 4xx answer is passed through as it is, so errors
 read the same as serve.py's. Errors of the router itself are JSON by serve.py's own middleware
-and HTTP runner (auth, size limit, parser errors). It never queues: a request no instance can
-take (all unhealthy, or each at `max_inflight` requests from this router) gets 503 with
-Retry-After. A request whose instance stops answering ends at once with 502 (a stream: an
-error event, then `data: [DONE]`); one whose connection was refused before it was sent is
-routed again to another instance.
+and HTTP runner (auth, size limit, parser errors). By default it never queues: a request no
+instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
+with Retry-After. With `hold_tokens` (late binding, experimental: cluster/hold.py) a request
+waits in the router while every available instance has that much prefill pending, at most
+`max_inflight` x instances of them (then 503 with Retry-After), and then goes to the policy's
+pick among the instances below the hold. A request whose instance stops answering ends at once
+with 502 (a stream: an error event, then `data: [DONE]`); one whose connection was refused
+before it was sent is routed again to another instance.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from laps_jax.cluster.hold import HoldFull, HoldQueue
 from laps_jax.cluster.instances import Instance, log, poll_forever
 from laps_jax.cluster.pace import Pace, relative_speeds
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
@@ -65,6 +69,7 @@ PARSE_THREADS = 2
 INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
+HOLD_AGING_TOKENS_PER_S = 1000.0  # held requests: credit per second held (cluster/hold.py)
 GROUPED = ("length-aware", "laps")  # policies with short and long groups
 
 
@@ -110,7 +115,7 @@ class HTTPRouter:
                  max_inflight: int = 256,
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
-                 pace_weight: float = 0.0):
+                 pace_weight: float = 0.0, hold_tokens: float = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -130,6 +135,11 @@ class HTTPRouter:
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
         self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
+        # late binding (cluster/hold.py, experimental): requests wait in the router while every
+        # instance has `hold_tokens` of prefill pending (0: never, they go on arrival)
+        self.hold_tokens = hold_tokens
+        self.hold = (HoldQueue(self.can_send, HOLD_AGING_TOKENS_PER_S,
+                               max_inflight * len(urls)) if hold_tokens else None)
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -189,10 +199,27 @@ class HTTPRouter:
     def group(self, k: int) -> str | None:
         return self.policy.group[k] if self.config.policy in GROUPED else None
 
+    def available(self, k: int) -> bool:
+        i = self.instances[k]
+        return i.healthy and len(i.inflight) < self.max_inflight
+
+    def can_send(self) -> bool:
+        """With a hold: some available instance is below it, or none is available (the request
+        is then answered with 503 at once, not held)."""
+        ks = [k for k in range(len(self.instances)) if self.available(k)]
+        return not ks or any(self.instances[k].load.load < self.hold_tokens for k in ks)
+
+    def held_back(self) -> set[int]:
+        """With a hold: the available instances at or over it, unless that is all of them."""
+        if not self.hold_tokens:
+            return set()
+        ks = {k for k in range(len(self.instances)) if self.available(k)}
+        full = {k for k in ks if self.instances[k].load.load >= self.hold_tokens}
+        return set() if full == ks else full
+
     def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int, bool]:
         """(instance, new tokens there, short) for a request, or a 503 when none can take it."""
-        eligible = [i.healthy and k not in exclude and len(i.inflight) < self.max_inflight
-                    for k, i in enumerate(self.instances)]
+        eligible = [self.available(k) and k not in exclude for k in range(len(self.instances))]
         if not any(eligible):
             up = sum(i.healthy for i in self.instances)
             why = (f"all {len(self.instances)} instances are unavailable" if not up else
@@ -226,6 +253,7 @@ class HTTPRouter:
         return {"policy": self.config.policy, "threshold": self.threshold,
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
+                "held": len(self.hold.held) if self.hold is not None else 0,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "group_sizes": [list(g) for g in s.groups[-20:]],
                 "instances": [i.status(self.group(k), draining[k])
@@ -247,15 +275,30 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
         return await router.split.generate(request, kind, raw, est)
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     tried: set[int] = set()
+    holding = router.hold is not None
+    if holding:  # wait in the router until an instance is below the hold (cluster/hold.py)
+        try:
+            await router.hold.turn(est.tokens)
+        except HoldFull as e:
+            raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
     while True:
-        k, new, short = router.pick(est, tried)
-        inst = router.instances[k]
-        inst.routed += 1
-        t0, ahead = time.monotonic(), inst.load.load
-        ticket = inst.load.sent(new, t0, short)
+        try:
+            k, new, short = router.pick(est, tried | router.held_back())
+            inst = router.instances[k]
+            inst.routed += 1
+            t0, ahead = time.monotonic(), inst.load.load
+            ticket = inst.load.sent(new, t0, short)
+        finally:  # counted on its instance (or refused): the next held request may go
+            if holding:
+                holding = False
+                router.hold.sent()
         if est.ids and inst.blocks is not None:
             inst.blocks.add(est.ids)
-        prefilled = lambda: inst.load.prefilled(ticket, time.monotonic())  # noqa: E731
+
+        def prefilled() -> None:
+            inst.load.prefilled(ticket, time.monotonic())
+            if router.hold is not None:  # its instance may be below the hold now
+                router.hold.kick()
 
         def first_token() -> None:
             if inst.pace is not None and est.stream:  # (a whole answer's time is not TTFT)

@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "exponential mean of streamed requests' TTFT per token ahead, this "
                          "weight per sample, in (0, 1]; default 0: not measured; 0.3 led in "
                          "one run and not the next, docs/BENCHMARKS.md session 28)")
+    ap.add_argument("--hold-tokens", type=float, default=0.0,
+                    help="(experimental) late binding: hold a request in the router while "
+                         "every instance has this many prefill tokens pending or more, and "
+                         "send it, fewest tokens first (aged), when one drains below; any "
+                         "policy picks among the instances below (default 0: send on "
+                         "arrival; 256 showed no gain over 8 rounds, docs/BENCHMARKS.md "
+                         "session 29)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
@@ -123,6 +130,10 @@ def make_router(args):
                          f"got {args.decode_seq_tokens}")
     if not (args.pace_weight == 0 or 0 < args.pace_weight <= 1):
         raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
+    if not (args.hold_tokens >= 0 and math.isfinite(args.hold_tokens)):
+        raise ValueError(f"--hold-tokens must be a finite number >= 0, got {args.hold_tokens}")
+    if args.hold_tokens and args.prefill:
+        raise ValueError("--hold-tokens applies to --instance routing, not --prefill/--decode")
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
@@ -139,7 +150,7 @@ def make_router(args):
                         decode_seq_tokens=args.decode_seq_tokens,
                         instance_api_key=args.instance_api_key,
                         long_chunk_tokens=args.long_chunk_tokens,
-                        pace_weight=args.pace_weight)
+                        pace_weight=args.pace_weight, hold_tokens=args.hold_tokens)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill))

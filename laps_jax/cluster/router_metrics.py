@@ -34,6 +34,10 @@ class _Instances:
         yield CounterMetricFamily("laps_router_group_moves",
                                   "Instances moved between the short and long groups",
                                   value=s.moves)
+        yield GaugeMetricFamily("laps_router_held_requests",
+                                "Requests waiting in the router for an instance below the hold "
+                                "(--hold-tokens)",
+                                value=len(r.hold.held) if r.hold is not None else 0)
 
 
 class RouterMetrics:

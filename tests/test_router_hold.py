@@ -1,0 +1,214 @@
+"""Late binding in the router (`--hold-tokens`, laps_jax/cluster/hold.py): the queue's order and
+bounds by themselves, then the router in this process in front of two fake instances whose
+first tokens the test releases, so when each request reaches an instance is seen exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from laps_jax.cluster import hold as hold_mod
+from laps_jax.cluster import http_router
+from laps_jax.cluster.hold import HoldFull, HoldQueue
+from laps_jax.cluster.http_router import HTTPRouter, create_router_app
+from laps_jax.cluster.policy import RouterConfig
+from laps_jax.cluster.upstream import parse_metrics
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def test_held_requests_go_fewest_tokens_first_with_aging(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(hold_mod, "time", clock)
+    rng = random.Random(7)
+    aging = rng.uniform(200, 2000)
+
+    async def go():
+        room = [False]
+        q = HoldQueue(lambda: room[0], aging, max_held=64)
+        order, tasks, arrived = [], [], {}
+        for n in range(12):
+            tokens = rng.randrange(1, 600)
+            arrived[n] = (tokens, clock.t)
+
+            async def one(n=n, tokens=tokens):
+                await q.turn(tokens)
+                order.append(n)
+                q.sent()
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(0)
+            clock.t += rng.uniform(0.0, 0.4)
+        assert len(q.held) == 12 and not order  # nothing may go while no instance has room
+        release_at = clock.t
+        room[0] = True
+        q.kick()
+        await asyncio.gather(*tasks)
+        # the rule, made here: tokens less the credit for the time held, at the release
+        want = sorted(arrived, key=lambda n: (arrived[n][0] - aging * (release_at - arrived[n][1]),
+                                             arrived[n][1]))
+        assert order == want
+        assert order != sorted(arrived, key=lambda n: arrived[n][1])  # not arrival order
+    asyncio.run(go())
+
+
+def test_one_release_at_a_time_and_the_bounds():
+    async def go():
+        room = [True]
+        q = HoldQueue(lambda: room[0], 1000.0, max_held=2)
+        await q.turn(10)  # nothing held, room: goes at once
+        assert q.releasing
+        second = asyncio.create_task(q.turn(5))
+        await asyncio.sleep(0.01)
+        assert not second.done() and len(q.held) == 1  # the first is not counted yet
+        q.sent()
+        await asyncio.wait_for(second, 1)
+        q.sent()
+        room[0] = False
+        held = [asyncio.create_task(q.turn(n)) for n in (1, 2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(HoldFull, match="2 requests wait in the router"):
+            await q.turn(3)
+        assert len(q.held) == 2
+        # a client gone while held leaves the queue
+        held[0].cancel()
+        await asyncio.gather(held[0], return_exceptions=True)
+        assert len(q.held) == 1
+        # room comes back without a kick: the held one is looked at again within RECHECK_S
+        room[0] = True
+        await asyncio.wait_for(held[1], 1)
+        # released, then gone before it ran: its turn passes on
+        room[0] = False
+        a, b = (asyncio.create_task(q.turn(n)) for n in (1, 2))
+        await asyncio.sleep(0.01)
+        q.sent()  # (held[1]'s)
+        room[0] = True
+        q.kick()
+        a.cancel()
+        await asyncio.gather(a, return_exceptions=True)
+        await asyncio.wait_for(b, 1)
+    asyncio.run(go())
+
+
+# -- the router in front of two fake instances ---------------------------------------------
+
+
+class FakeInstance:
+    """Answers streamed completions; each request's first token waits for the test."""
+
+    def __init__(self, name: str):
+        self.name, self.arrived, self.gates = name, [], {}
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def complete(self, request: web.Request):
+        body = await request.json()
+        tag = body["user"]
+        self.arrived.append(tag)
+        gate = self.gates.setdefault(tag, asyncio.Event())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await gate.wait()
+        await resp.write(b'data: {"choices": [{"text": "x", "index": 0}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def release(self, tag: str) -> None:
+        self.gates.setdefault(tag, asyncio.Event()).set()
+
+
+async def _stream(session, url: str, tag: str, tokens: int) -> str:
+    body = {"model": "m", "prompt": list(range(1, tokens + 1)), "stream": True, "user": tag}
+    async with session.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return (await r.read()).decode()
+
+
+async def _until(pred, what: str, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize("hold_tokens", [0.0, 100.0])
+def test_the_router_holds_requests_until_an_instance_drains(monkeypatch, hold_tokens):
+    async def no_polls(*a, **k):
+        await asyncio.Event().wait()
+    monkeypatch.setattr(http_router, "poll_forever", no_polls)
+    # order by tokens alone here (the aging is the test above's): arrivals 50 ms apart
+    monkeypatch.setattr(http_router, "HOLD_AGING_TOKENS_PER_S", 0.0)
+    metrics = parse_metrics("laps_pending_prefill_tokens{pool=\"short\"} 0.0\n")
+
+    async def go():
+        fakes = [FakeInstance("a"), FakeInstance("b")]
+        for f in fakes:
+            await f.server.start_server()
+        router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
+                            RouterConfig(policy="least-load"), hold_tokens=hold_tokens)
+        for inst in router.instances:
+            inst.mark_ok(metrics, 0.0)
+        front = TestServer(create_router_app(router), host="127.0.0.1")
+        await front.start_server()
+        url = str(front.make_url("")).rstrip("/")
+        async with aiohttp.ClientSession() as s:
+            first = [asyncio.create_task(_stream(s, url, t, 150)) for t in ("A", "B")]
+            await _until(lambda: len(fakes[0].arrived) + len(fakes[1].arrived) == 2, "A, B sent")
+            a_on = 0 if "A" in fakes[0].arrived else 1
+            later = []
+            for tag, tokens in (("C", 80), ("D", 20), ("E", 50)):
+                later.append(asyncio.create_task(_stream(s, url, tag, tokens)))
+                await asyncio.sleep(0.05)
+            status = await (await s.get(url + "/router/status")).json()
+            sent = fakes[0].arrived + fakes[1].arrived
+            if not hold_tokens:  # on arrival, as before
+                assert sorted(sent) == list("ABCDE") and status["held"] == 0
+            else:  # both instances hold 150 >= 100 tokens: C, D, E wait in the router
+                assert sorted(sent) == ["A", "B"] and status["held"] == 3
+                metric = await (await s.get(url + "/metrics")).text()
+                assert "laps_router_held_requests 3.0" in metric
+                router.hold.max_held = 3  # one more is refused, as JSON, with Retry-After
+                async with s.post(url + "/v1/completions",
+                                  json={"model": "m", "prompt": [1, 2], "user": "F"}) as r:
+                    assert r.status == 503 and r.headers["Retry-After"] == "1"
+                    assert "3 requests wait" in (await r.json())["error"]["message"]
+                fakes[a_on].release("A")  # A's first token: its instance drains
+                await _until(lambda: len(fakes[a_on].arrived) == 4, "C, D, E sent")
+                # to the drained instance, fewest tokens first
+                assert fakes[a_on].arrived[1:] == ["D", "E", "C"]
+                assert fakes[1 - a_on].arrived == ["B"]
+            for f in fakes:
+                for tag in "ABCDE":
+                    f.release(tag)
+            for out in await asyncio.gather(*first, *later):
+                assert '"text": "x"' in out and out.rstrip().endswith("data: [DONE]")
+        assert all(not i.inflight and i.load.load == 0 for i in router.instances)
+        assert router.hold is None or not router.hold.held and not router.hold.releasing
+        await front.close()
+        for f in fakes:
+            await f.server.close()
+    asyncio.run(go())
+
+
+def test_router_py_refuses_bad_hold_values():
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    for argv in (["--hold-tokens", "-1"], ["--hold-tokens", "nan"], ["--hold-tokens", "inf"]):
+        args = build_parser().parse_args(["--instance", "http://127.0.0.1:9000", *argv])
+        with pytest.raises(ValueError, match="--hold-tokens"):
+            make_router(args)
+    args = build_parser().parse_args(["--prefill", "http://127.0.0.1:9000", "--decode",
+                                      "http://127.0.0.1:9001", "--hold-tokens", "256"])
+    with pytest.raises(ValueError, match="--hold-tokens applies to --instance"):
+        make_router(args)
