@@ -203,18 +203,22 @@ class HTTPRouter:
         i = self.instances[k]
         return i.healthy and len(i.inflight) < self.max_inflight
 
+    def _over_hold(self) -> tuple[set[int], set[int]]:
+        """The available instances, and of them those at or over the hold."""
+        ks = {k for k in range(len(self.instances)) if self.available(k)}
+        return ks, {k for k in ks if self.instances[k].load.load >= self.hold_tokens}
+
     def can_send(self) -> bool:
         """With a hold: some available instance is below it, or none is available (the request
         is then answered with 503 at once, not held)."""
-        ks = [k for k in range(len(self.instances)) if self.available(k)]
-        return not ks or any(self.instances[k].load.load < self.hold_tokens for k in ks)
+        ks, full = self._over_hold()
+        return not ks or full != ks
 
     def held_back(self) -> set[int]:
         """With a hold: the available instances at or over it, unless that is all of them."""
         if not self.hold_tokens:
             return set()
-        ks = {k for k in range(len(self.instances)) if self.available(k)}
-        full = {k for k in ks if self.instances[k].load.load >= self.hold_tokens}
+        ks, full = self._over_hold()
         return set() if full == ks else full
 
     def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int, bool]:
