@@ -14,6 +14,12 @@ Mooncake's follow-up turns come minutes after their previous turn (median 123 s)
 first requests reuse almost nothing (3% of blocks in the first 100) and a time scale only
 stretches the turns further apart. `--sample-for mooncake=0.05` keeps 5% of its
 conversations, whole: a window of the same load that holds the trace's prefix reuse.
+
+`--block 100` compares routers a minute apart instead of a round apart: every router replays
+the trace's first 100 requests, then every router the next 100, and so on (each block is one
+pair in routers.json and bench_router_pairs.py). Cutting loses the queue carried over a block
+boundary and, on Mooncake, the history a later block would reuse from an earlier one. A
+sessions trace is closed loop and replays whole.
 """
 
 from __future__ import annotations
@@ -70,6 +76,13 @@ def parse_args(argv):
                          "(e.g. 'rr-affinity=round-robin' for ours with its prefix-affinity rule; default: "
                          "%(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    ap.add_argument("--block", type=int, default=0, metavar="N",
+                    help="cut each open-loop trace into consecutive blocks of N requests and "
+                         "run every router over a block before the next block starts (the "
+                         "order rotating each block); each block is a pair in routers.json's "
+                         "rounds, so routers are compared a minute apart rather than a round "
+                         "apart on a machine whose speed drifts; a sessions trace still "
+                         "replays whole (default 0: whole replays)")
     ap.add_argument("--instances", type=int, default=3, help="serve.py instances (default 3)")
     ap.add_argument("--model", default="bench-cpu", help="model of every instance (default "
                     "bench-cpu)")
@@ -117,6 +130,8 @@ def parse_args(argv):
     bad += [k for field in PER_KIND for k in getattr(args, f"{field}_for") if k not in FORMATS]
     if args.slo_scale < 0 or args.slo_ms <= 0:
         ap.error("--slo-scale must be >= 0 and --slo-ms > 0")
+    if args.block < 0:
+        ap.error("--block must be >= 0")
     if bad or args.rounds < 1 or args.instances < 1:
         ap.error(f"unknown trace kind {bad} (one of {', '.join(FORMATS)})" if bad
                  else "--rounds and --instances must be >= 1")
@@ -161,14 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             rb.run_round(next(iter(works.values())), instances,
                          [rp.RouterSpec("laps", "round-robin")], args.slo_ms,
                          args.short_threshold, logs, lambda m: None)
+        parts = {kind: rb.blocks(work, args.block) for kind, work in works.items()}
         for r in range(args.rounds):
-            for kind, work in works.items():
-                say(f"round {r + 1}/{args.rounds}, {kind}")
-                rounds[kind].append(rb.run_round(work, instances, rb.rotated(args.routers, r),
-                                                 args.slo_ms, args.short_threshold, logs, say,
-                                                 tag=rb.round_tag(kind, r + 1),
-                                                 target_ms=target_ms))
-                write_results(args, isolated, rounds, complete=False)
+            for kind, blocks in parts.items():
+                for b, part in enumerate(blocks):
+                    say(f"round {r + 1}/{args.rounds}, {kind}"
+                        + (f", block {b + 1}/{len(blocks)}" if len(blocks) > 1 else ""))
+                    order = rb.rotated(args.routers, r * len(blocks) + b)
+                    tag = rb.round_tag(kind, r + 1, b + 1 if len(blocks) > 1 else 0)
+                    rounds[kind].append(rb.run_round(part, instances, order, args.slo_ms,
+                                                     args.short_threshold, logs, say, tag=tag,
+                                                     target_ms=target_ms))
+                    write_results(args, isolated, rounds, complete=False)
     finally:
         for p in instances:
             p.stop()

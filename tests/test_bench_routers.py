@@ -352,11 +352,11 @@ def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):
         bands.recount(str(tmp_path))
 
 
-def _run_json(path, rounds, time_scale_for=None, trace_file="azure.csv"):
+def _run_json(path, rounds, time_scale_for=None, trace_file="azure.csv", **more):
     path.mkdir()
     (path / "routers.json").write_text(json.dumps({
         "args": {"trace": [["azure", trace_file]], "max_requests": 600, "length_scale": 0.25,
-                 "time_scale": 1.1,
+                 "time_scale": 1.1, **more,
                  "time_scale_for": time_scale_for or {}, "serve_args": "--max-chunk 256",
                  "slo_scale": 5.0, "seed": 0},
         "traces": {"azure": {"rounds": [
@@ -409,7 +409,50 @@ def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, c
               trace_file="other_azure.csv")
     assert script.main(runs + [str(tmp_path / "elsewhere"), "--trace", "azure"]) == 2
     assert "trace_file" in capsys.readouterr().err
+    _run_json(tmp_path / "unblocked", [{"laps": 1, "smg:cache_aware": 2}], block=0)
+    assert script.main(runs + [str(tmp_path / "unblocked"), "--trace", "azure"]) == 0
+    _run_json(tmp_path / "blocked", [{"laps": 1, "smg:cache_aware": 2}], block=100)
+    assert script.main(runs + [str(tmp_path / "blocked"), "--trace", "azure"]) == 2
+    assert "block: [0, 0, 100]" in capsys.readouterr().err  # replays of another length
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "routers.json").write_text('{"args": ')
     with pytest.raises(SystemExit, match="broken.*not JSON"):
         script.main([str(tmp_path / "broken"), "--trace", "azure"])
+
+
+def test_blocks_cut_a_real_trace_into_consecutive_parts_with_their_own_gaps():
+    """--block N: consecutive parts of N requests of the real Azure trace, together every
+    request once in order, each part's arrivals moved to start at 0 with the trace's gaps kept;
+    0 (or N at least the trace) replays whole, as does a sessions trace; a negative N is
+    refused."""
+    import os
+
+    from laps_jax.workload.load import load
+    from laps_jax.workload.records import TraceOptions
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces",
+                        "azure_llm_2023_conv.csv")
+    n, size = random.Random(5).randint(230, 320), random.Random(6).randint(40, 90)
+    work = load("azure", path, TraceOptions(max_requests=n, vocab_size=1000))
+    parts = rb.blocks(work, size)
+    assert [len(p) for p in parts] == [size] * (n // size) + ([n % size] if n % size else [])
+    assert [r.request_id for p in parts for r in p] == [r.request_id for r in work]
+    start = 0
+    for p in parts:
+        orig = work.requests[start:start + len(p)]
+        assert p[0].arrival_s == 0.0
+        assert [r.arrival_s for r in p] == pytest.approx(
+            [r.arrival_s - orig[0].arrival_s for r in orig])
+        assert [(r.input_len, r.output_len) for r in p] == [(r.input_len, r.output_len)
+                                                             for r in orig]
+        start += len(p)
+    assert max(r.arrival_s for r in parts[1]) < work.requests[-1].arrival_s  # really moved
+    assert rb.blocks(work, 0) == [work] and rb.blocks(work, n) == [work]
+    with pytest.raises(ValueError, match="block size"):
+        rb.blocks(work, -1)
+    from laps_jax.workload.sessions import SessionTrace
+    sessions = SessionTrace("s", [])
+    assert rb.blocks(sessions, 10) == [sessions]  # closed loop: replays whole
+    script = load_script("bench_routers")
+    assert script.parse_args(["--output-dir", "o", "--block", "100"]).block == 100
+    with pytest.raises(SystemExit):
+        script.parse_args(["--output-dir", "o", "--block", "-1"])

@@ -8,7 +8,9 @@ round replays the same arrivals through both routers, the targets are each run's
 pooling the pairs of several runs is a fair way to get more of them. For each pair the ratio of
 SLO violations (router / reference); over all pairs the median, the geometric mean, the ratio of
 pooled counts, the rounds won, and a bootstrap interval of the pooled ratio (rounds resampled
-with replacement) that says whether the order is settled.
+with replacement) that says whether the order is settled. A run made with `--block` records
+one pair per block (every router replayed the block before the next began); its blocks count
+as rounds here, and its runs pool only with runs of the same block size.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import statistics
 # settings two runs must share for their rounds to be pooled (routers.json's `args`)
 SAME = ("max_requests", "length_scale", "time_scale", "sample", "instances", "model",
         "max_model_len", "serve_args", "pin_cpus", "slo_scale", "slo_ms", "short_threshold",
-        "seed")
+        "seed", "block")
 
 
 @dataclasses.dataclass
@@ -42,6 +44,7 @@ def settings(run: dict, trace: str) -> dict:
     """The settings that decide a trace's load in a run (per-trace overrides applied)."""
     a = run["args"]
     out = {k: a.get(k) for k in SAME}
+    out["block"] = out["block"] or 0  # runs from before --block replayed whole traces
     # the trace file itself (a kind names a format, two runs may replay different files)
     out["trace_file"] = [path for kind, path in a.get("trace") or [] if kind == trace]
     for k in ("max_requests", "length_scale", "time_scale", "sample"):

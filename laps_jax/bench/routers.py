@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import urllib.request
@@ -39,6 +40,7 @@ from laps_jax.cluster.upstream import parse_metrics
 from laps_jax.workload.http_client import ReplayConfig
 from laps_jax.workload.http_compare import mode_row
 from laps_jax.workload.http_replay import replay
+from laps_jax.workload.records import Trace
 
 # what a router is judged on, and which way is better
 FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean",
@@ -108,9 +110,33 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
     return out
 
 
-def round_tag(trace: str, round_no: int) -> str:
-    """The tag of a trace's round (1-based) in its replays' file names."""
-    return f"{trace}_r{round_no}"
+def round_tag(trace: str, round_no: int, block_no: int = 0) -> str:
+    """The tag of a trace's round (1-based), and block in it (1-based; 0: not cut), in its
+    replays' file names."""
+    return f"{trace}_r{round_no}" + (f"b{block_no}" if block_no else "")
+
+
+def blocks(work: Trace, size: int) -> list[Trace]:
+    """`work` cut into consecutive parts of `size` requests (0: one part, the whole), each
+    part's arrivals moved to start at 0 with the trace's own gaps. Every router replays a part
+    in turn before the next part starts (`bench_routers.py --block`), so the replays compared
+    are a minute apart, not a whole round: on a machine whose speed moves by a third within a
+    round (docs/BENCHMARKS.md, session 29), that is the difference between comparing routers
+    and comparing moments. A sessions trace replays whole (one part): its turns wait on their
+    answers, so a cut would change the arrivals."""
+    if size < 0:
+        raise ValueError(f"block size must be >= 0, got {size}")
+    if not isinstance(work, Trace) or size == 0 or size >= len(work.requests):
+        return [work]
+    reqs = work.requests
+    out = []
+    for k in range(0, len(reqs), size):
+        part = reqs[k:k + size]
+        t0 = part[0].arrival_s
+        out.append(dataclasses.replace(
+            work, source=f"{work.source} [{k}:{k + len(part)}]",
+            requests=[dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in part]))
+    return out
 
 
 def records_path(log_dir: str, tag: str, router: str) -> str:
