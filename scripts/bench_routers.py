@@ -180,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for kind, blocks in parts.items():
                 for b, part in enumerate(blocks):
+                    block_no = b + 1 if len(blocks) > 1 else 0  # 0: the trace replays whole
                     say(f"round {r + 1}/{args.rounds}, {kind}"
-                        + (f", block {b + 1}/{len(blocks)}" if len(blocks) > 1 else ""))
+                        + (f", block {block_no}/{len(blocks)}" if block_no else ""))
                     order = rb.rotated(args.routers, r * len(blocks) + b)
-                    tag = rb.round_tag(kind, r + 1, b + 1 if len(blocks) > 1 else 0)
+                    tag = rb.round_tag(kind, r + 1, block_no)
                     rounds[kind].append(rb.run_round(part, instances, order, args.slo_ms,
                                                      args.short_threshold, logs, say, tag=tag,
                                                      target_ms=target_ms))
