@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"starting {args.instances} instances ({' '.join(serve_args)}); logs in {logs}")
     instances = rp.start_instances(args.instances, serve_args, logs, cpus)
     rounds: dict[str, list] = {kind: [] for kind in works}
+    parts = {kind: rb.blocks(work, args.block) for kind, work in works.items()}
+    per_round = {kind: len(blocks) for kind, blocks in parts.items()}
     isolated, target_ms = None, None
     try:
         if args.slo_scale > 0:
@@ -176,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             rb.run_round(next(iter(works.values())), instances,
                          [rp.RouterSpec("laps", "round-robin")], args.slo_ms,
                          args.short_threshold, logs, lambda m: None)
-        parts = {kind: rb.blocks(work, args.block) for kind, work in works.items()}
         for r in range(args.rounds):
             for kind, blocks in parts.items():
                 for b, part in enumerate(blocks):
@@ -188,20 +189,23 @@ def main(argv: list[str] | None = None) -> int:
                     rounds[kind].append(rb.run_round(part, instances, order, args.slo_ms,
                                                      args.short_threshold, logs, say, tag=tag,
                                                      target_ms=target_ms))
-                    write_results(args, isolated, rounds, complete=False)
+                    write_results(args, isolated, rounds, per_round, complete=False)
     finally:
         for p in instances:
             p.stop()
-    print(write_results(args, isolated, rounds, complete=True))
+    print(write_results(args, isolated, rounds, per_round, complete=True))
     return 0
 
 
-def write_results(args, isolated, rounds: dict[str, list], complete: bool) -> str:
+def write_results(args, isolated, rounds: dict[str, list], per_round: dict[str, int],
+                  complete: bool) -> str:
     """routers.json and routers.md from the rounds done so far (written after every trace's
-    round, so a run stopped early keeps them; `complete` says whether it ran to its end)."""
+    round, so a run stopped early keeps them; `complete` says whether it ran to its end;
+    `per_round`: each trace's blocks per round, 1 for a whole replay)."""
     out = {"args": {k: v for k, v in vars(args).items() if k != "routers"},
            "routers": [s.name for s in args.routers], "xla_flags": rp.ONE_THREAD_XLA_FLAGS,
            "complete": complete, "isolated_ttft": isolated.to_json() if isolated else None,
+           "blocks_per_round": per_round,
            "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
                       for kind, rs in rounds.items() if rs}}
     with open(os.path.join(args.output_dir, rb.RUN_FILE), "w") as f:

@@ -209,7 +209,8 @@ def test_results_are_written_after_each_round_and_say_whether_the_run_ended(tmp_
     rng = random.Random(2)
     rounds = {"azure": [_round({"round-robin": 1.0, "laps": 0.6}, rng)], "mooncake": []}
     iso = IsolatedTTFT((8, 256), (10.0, 40.0))
-    text = script.write_results(args, iso, rounds, complete=False)
+    per = {"azure": 1, "mooncake": 1}
+    text = script.write_results(args, iso, rounds, per, complete=False)
     out = json.loads((tmp_path / "routers.json").read_text())
     assert out["complete"] is False and list(out["traces"]) == ["azure"]
     assert out["isolated_ttft"] == {"tokens": [8, 256], "ms": [10.0, 40.0]}
@@ -219,14 +220,15 @@ def test_results_are_written_after_each_round_and_say_whether_the_run_ended(tmp_
     assert (tmp_path / "routers.md").read_text() == text and "### azure" in text
     rounds["azure"].append(_round({"round-robin": 1.0, "laps": 0.6}, rng))
     rounds["mooncake"].append(_round({"round-robin": 1.0, "laps": 0.9}, rng))
-    script.write_results(args, iso, rounds, complete=True)
+    script.write_results(args, iso, rounds, per, complete=True)
     out = json.loads((tmp_path / "routers.json").read_text())
     assert out["complete"] is True and len(out["traces"]["azure"]["rounds"]) == 2
+    assert out["blocks_per_round"] == {"azure": 1, "mooncake": 1}
     assert list(out["traces"]) == ["azure", "mooncake"]
     assert "new tokens" not in (tmp_path / "routers.md").read_text()  # no bands counted
     rounds["mooncake"][0]["laps"]["bands"] = {"65-256": {"requests": 9, "violations": 4,
                                                          "ttft_over_target_p50": 0.8}}
-    text = script.write_results(args, iso, rounds, complete=True)
+    text = script.write_results(args, iso, rounds, per, complete=True)
     azure, mooncake = text.split("### mooncake")  # the band table under its own trace only
     assert "| laps | 4 / 9 (0.80) |" in mooncake and "new tokens" not in azure
 
@@ -361,6 +363,52 @@ def _run_json(path, rounds, time_scale_for=None, trace_file="azure.csv", **more)
                  "slo_scale": 5.0, "seed": 0},
         "traces": {"azure": {"rounds": [
             {name: {"slo_violations": v} for name, v in row.items()} for row in rounds]}}}))
+
+
+def test_router_pairs_of_a_block_run_resample_whole_rounds_too(tmp_path, capsys):
+    """The blocks of one round share the machine's spell: pairs know their round and block
+    (from routers.json's blocks_per_round, or a finished old block run's pairs over rounds),
+    and the second interval resamples rounds whole. With one round all in laps' favour and the
+    other all against, that interval reaches each round's own pooled ratio (a draw of one round
+    twice is likelier than 5%); the per-block one cannot (six blocks from one round: 1/64)."""
+    from laps_jax.bench import pairs as bp
+    rng = random.Random(11)
+    rows, by_round = [], [[0, 0], [0, 0]]
+    for r, (lo, hi) in enumerate(((0.4, 0.6), (1.4, 1.8))):
+        for _ in range(3):
+            b = rng.randint(40, 90)
+            a = round(b * rng.uniform(lo, hi))
+            rows.append({"laps": {"slo_violations": a}, "round-robin": {"slo_violations": b}})
+            by_round[r][0] += a
+            by_round[r][1] += b
+    for name, extra in (("new", {"blocks_per_round": {"azure": 3}}),
+                        ("old", {"complete": True})):  # before the entry: 6 pairs / 2 rounds
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "routers.json").write_text(json.dumps({
+            "args": {"block": 100, "rounds": 2}, **extra,
+            "traces": {"azure": {"rounds": rows}}}))
+        ps = bp.pairs({name: rb.read_run(str(tmp_path / name))}, "azure", "laps", "round-robin")
+        assert [(p.round_no, p.block_no) for p in ps] == [(1, 1), (1, 2), (1, 3),
+                                                           (2, 1), (2, 2), (2, 3)]
+        s = bp.summary(ps, draws=4000)
+        assert s["whole_rounds"] == 2 and s["rounds"] == 6
+        first, second = (a / b for a, b in by_round)
+        assert s["interval90_rounds"] == pytest.approx((first, second))
+        lo, hi = s["interval90"]
+        assert first < lo < s["pooled"] < hi < second
+    script = load_script("bench_router_pairs")
+    assert script.main([str(tmp_path / "new"), "--trace", "azure", "--against",
+                        "round-robin"]) == 0
+    out = capsys.readouterr().out
+    assert "| new | 2.3 |" in out and "6 blocks" in out
+    assert f"resampling the 2 rounds whole (their blocks share the machine's spell): " \
+           f"[{first:.2f}, {second:.2f}]" in out
+    (tmp_path / "stopped").mkdir()  # an old block run stopped early: blocks count as rounds
+    (tmp_path / "stopped" / "routers.json").write_text(json.dumps({
+        "args": {"block": 100, "rounds": 2}, "complete": False,
+        "traces": {"azure": {"rounds": rows[:4]}}}))
+    ps = bp.pairs({"s": rb.read_run(str(tmp_path / "stopped"))}, "azure", "laps", "round-robin")
+    assert [p.round_no for p in ps] == [1, 2, 3, 4] and not any(p.block_no for p in ps)
 
 
 def test_router_pairs_pool_the_rounds_of_runs_with_the_same_settings(tmp_path, capsys):

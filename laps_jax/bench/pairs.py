@@ -7,10 +7,13 @@ that differ by 10-30%. Rounds of runs made with the same settings are comparable
 round replays the same arrivals through both routers, the targets are each run's own), so
 pooling the pairs of several runs is a fair way to get more of them. For each pair the ratio of
 SLO violations (router / reference); over all pairs the median, the geometric mean, the ratio of
-pooled counts, the rounds won, and a bootstrap interval of the pooled ratio (rounds resampled
+pooled counts, the rounds won, and a bootstrap interval of the pooled ratio (pairs resampled
 with replacement) that says whether the order is settled. A run made with `--block` records
-one pair per block (every router replayed the block before the next began); its blocks count
-as rounds here, and its runs pool only with runs of the same block size.
+one pair per block (every router replayed the block before the next began); its blocks are the
+pairs here, and its runs pool only with runs of the same block size. The blocks of one round
+ran minutes apart on the same machine and share its slow or fast spell, so they are not
+independent draws: a second interval resamples whole rounds (all their blocks together), the
+honest one when the machine's speed drifts between rounds.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ SAME = ("max_requests", "length_scale", "time_scale", "sample", "instances", "mo
 class Pair:
     run: str
     round_no: int
-    router: int      # SLO violations of the router in that round
+    router: int      # SLO violations of the router in that round (or block)
     reference: int   # and of the reference
+    block_no: int = 0  # the block of the round (0: the round replayed the trace whole)
 
     @property
     def ratio(self) -> float:
@@ -54,16 +58,30 @@ def settings(run: dict, trace: str) -> dict:
     return out
 
 
+def blocks_per_round(run: dict, trace: str) -> int:
+    """How many pairs one round of `trace` holds in a run: its `blocks_per_round` entry, or for
+    a finished block run from before that entry its pairs over its rounds; else 1."""
+    n = (run.get("blocks_per_round") or {}).get(trace)
+    if n:
+        return int(n)
+    a, rows = run.get("args", {}), run.get("traces", {}).get(trace, {}).get("rounds", [])
+    if a.get("block") and run.get("complete") and a.get("rounds") and rows:
+        return max(len(rows) // int(a["rounds"]), 1)
+    return 1
+
+
 def pairs(runs: dict[str, dict], trace: str, router: str, reference: str) -> list[Pair]:
-    """Every round of every run where both routers replayed `trace`, with its violations."""
+    """Every round (or block) of every run where both routers replayed `trace`, with its
+    violations."""
     out = []
     for name, run in runs.items():
+        per = blocks_per_round(run, trace)
         for k, row in enumerate(run.get("traces", {}).get(trace, {}).get("rounds", [])):
             a, b = row.get(router), row.get(reference)
             if a and b and a.get("slo_violations") is not None \
                     and b.get("slo_violations") is not None:
-                out.append(Pair(name, k + 1, int(a["slo_violations"]),
-                                int(b["slo_violations"])))
+                out.append(Pair(name, k // per + 1, int(a["slo_violations"]),
+                                int(b["slo_violations"]), k % per + 1 if per > 1 else 0))
     return out
 
 
@@ -73,37 +91,54 @@ def mismatched(runs: dict[str, dict], trace: str) -> dict[str, list]:
     return {k: [x[k] for x in s] for k in s[0] if len({json.dumps(x[k]) for x in s}) > 1}
 
 
+def interval90(groups: list[list[Pair]], draws: int, seed: int) -> tuple[float, float]:
+    """90% bootstrap interval of the pooled ratio, resampling the groups whole."""
+    rng = random.Random(seed)
+    sums = [(sum(p.router for p in g), sum(p.reference for p in g)) for g in groups]
+    boot = []
+    for _ in range(draws):
+        sample = [sums[rng.randrange(len(sums))] for _ in sums]
+        boot.append(sum(a for a, _ in sample) / max(sum(b for _, b in sample), 1))
+    boot.sort()
+    return boot[int(0.05 * (draws - 1))], boot[int(0.95 * (draws - 1))]
+
+
 def summary(ps: list[Pair], draws: int = 10000, seed: int = 0) -> dict:
-    """Median and geometric mean of per-round ratios, pooled ratio, rounds won, and a 90%
-    bootstrap interval of the pooled ratio over rounds."""
+    """Median and geometric mean of per-pair ratios, pooled ratio, pairs won, and 90%
+    bootstrap intervals of the pooled ratio over pairs and over whole rounds."""
     if not ps:
         raise ValueError("no round has both routers")
     ratios = [p.ratio for p in ps]
     finite = [r for r in ratios if 0 < r < math.inf]
     total, ref_total = sum(p.router for p in ps), sum(p.reference for p in ps)
-    rng = random.Random(seed)
-    boot = []
-    for _ in range(draws):
-        sample = [ps[rng.randrange(len(ps))] for _ in ps]
-        boot.append(sum(p.router for p in sample) / max(sum(p.reference for p in sample), 1))
-    boot.sort()
-    return {"rounds": len(ps), "won": sum(p.router < p.reference for p in ps),
+    whole: dict[tuple[str, int], list[Pair]] = {}
+    for p in ps:
+        whole.setdefault((p.run, p.round_no), []).append(p)
+    return {"rounds": len(ps), "whole_rounds": len(whole),
+            "won": sum(p.router < p.reference for p in ps),
             "lost": sum(p.router > p.reference for p in ps),
             "median": statistics.median(ratios),
             "geomean": math.exp(statistics.fmean(map(math.log, finite))) if finite else None,
             "pooled": total / max(ref_total, 1), "router_total": total,
             "reference_total": ref_total,
-            "interval90": (boot[int(0.05 * (draws - 1))], boot[int(0.95 * (draws - 1))])}
+            "interval90": interval90([[p] for p in ps], draws, seed),
+            "interval90_rounds": interval90(list(whole.values()), draws, seed)}
 
 
 def markdown(ps: list[Pair], s: dict, router: str, reference: str) -> str:
     lines = [f"| run | round | {router} | {reference} | ratio |", "|---|---|---|---|---|"]
-    lines += [f"| {p.run} | {p.round_no} | {p.router} | {p.reference} | {p.ratio:.2f} |"
-              for p in ps]
+    lines += [f"| {p.run} | {p.round_no}{f'.{p.block_no}' if p.block_no else ''} | {p.router} "
+              f"| {p.reference} | {p.ratio:.2f} |" for p in ps]
     lo, hi = s["interval90"]
     geo = "—" if s["geomean"] is None else f"{s['geomean']:.2f}"
-    lines += ["", f"{s['rounds']} rounds: {router} won {s['won']}, lost {s['lost']}; "
-              f"per-round ratio median {s['median']:.2f}, geometric mean {geo}; pooled "
+    blocked = s["whole_rounds"] < s["rounds"]
+    unit = "blocks" if blocked else "rounds"
+    lines += ["", f"{s['rounds']} {unit}: {router} won {s['won']}, lost {s['lost']}; "
+              f"per-{unit[:-1]} ratio median {s['median']:.2f}, geometric mean {geo}; pooled "
               f"{s['router_total']} / {s['reference_total']} = {s['pooled']:.2f}, 90% bootstrap "
               f"interval [{lo:.2f}, {hi:.2f}]"]
+    if blocked:
+        lo, hi = s["interval90_rounds"]
+        lines += [f"resampling the {s['whole_rounds']} rounds whole (their blocks share the "
+                  f"machine's spell): [{lo:.2f}, {hi:.2f}]"]
     return "\n".join(lines) + "\n"
