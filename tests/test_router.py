@@ -319,11 +319,24 @@ def test_pace_means_and_relative_speeds_by_hand():
 
 
 def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
+    """router.py's default laps weighs pace (cluster/pace.py); `--pace-weight 0` does not."""
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
+
+    def cli_router(flags):
+        r = make_router(build_parser().parse_args(urls + flags))
+        for inst in r.instances:
+            inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
+        return r
+
     rng = random.Random(5)
     for _ in range(5):
         slow = rng.randrange(2)
-        for weight, want in ((0.5, {1 - slow}), (0.0, {0, 1})):
-            r = _router(2, "laps", pace_weight=weight)
+        for make, want in ((lambda: _router(2, "laps", pace_weight=0.5), {1 - slow}),
+                           (lambda: cli_router([]), {1 - slow}),
+                           (lambda: cli_router(["--pace-weight", "0"]), {0, 1}),
+                           (lambda: _router(2, "laps", pace_weight=0.0), {0, 1})):
+            r = make()
             for k in range(2):
                 inst = r.instances[k]
                 t0 = time.monotonic()

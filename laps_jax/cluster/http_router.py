@@ -17,11 +17,12 @@ prefill step while any sequence decodes; None counts a decode step as a prefill 
 threshold's tokens, both memory-bound steps; `decode_seq_tokens` adds more per sequence
 decoding there; other clients' decoding is not seen; neither showed a gain live,
 docs/BENCHMARKS.md sessions 18 and 27), how fast each has lately turned work into first
-tokens (laps, off unless `pace_weight`: cluster/pace.py), and the prefix of the prompt its cache is
-expected to hold (`upstream.BlockIndex`). The short/long threshold is `--threshold` or else
-the one the instances report from their latency profiles (`laps_short_threshold_tokens`), and
-the long chunk a short request may wait out on an instance is the one it reports
-(`laps_long_chunk_tokens`; FALLBACK_CHUNK until it does). Affinity needs the prompt's token ids:
+tokens (laps, when `pace_weight`, router.py's default 0.3: cluster/pace.py), and the prefix
+of the prompt its cache is expected to hold (`upstream.BlockIndex`). The short/long
+threshold is `--threshold` or else the one the instances report from their latency profiles
+(`laps_short_threshold_tokens`), and the long chunk a short request may wait out on an
+instance is the one it reports (`laps_long_chunk_tokens`; FALLBACK_CHUNK until it does).
+Affinity needs the prompt's token ids:
 a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
 (and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
 does. Without a tokenizer the router estimates a text's tokens from its length

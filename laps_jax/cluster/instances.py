@@ -60,7 +60,7 @@ class Instance:
     load: LoadBook = dataclasses.field(default_factory=LoadBook)
     inflight: set = dataclasses.field(default_factory=set)  # futures set when it goes down
     last_data: float = -1e9         # monotonic time of the last byte relayed from it
-    pace: Pace | None = None        # how fast it has lately prefilled (experimental; pace.py)
+    pace: Pace | None = None        # how fast it has lately prefilled (laps; pace.py)
 
     @property
     def healthy(self) -> bool:

@@ -21,7 +21,7 @@ unless every one does):
                instance runs a decode step before each prefill step while sequences decode
     finish_i = (wait_i + cost(new_i, cached_i)) x speed_i + margin when i is in the other
                group (speed_i: how slow i has lately run against the others, when the caller
-               measures it: cluster/pace.py, experimental; else 1)
+               measures it: cluster/pace.py, on by default in router.py; else 1)
     key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
 
 and the request goes to the least `key_i`. The margin is `spill_s` (one full prefill step)

@@ -1,4 +1,4 @@
-"""How fast each instance has lately been turning work into first tokens (experimental, off).
+"""How fast each instance has lately been turning work into first tokens (laps, on by default).
 
 The router's load is pending prefill tokens; what it cannot see is how fast an instance gets
 through them now: three instances on two shared cores run at whatever the OS gives them, and
@@ -22,6 +22,7 @@ from collections.abc import Sequence as Seq
 OVERHEAD_TOKENS = 64.0   # a step's fixed cost, in tokens (bench-cpu: ~18 ms at ~0.27 ms/token)
 FORGET_S = 2.0           # a pace this old counts for 1/e of its difference from the others
 CLIP = (0.5, 2.0)        # relative speed factors are kept within these
+PACE_WEIGHT = 0.3        # router.py's default weight per sample (docs/BENCHMARKS.md, session 31)
 
 
 @dataclasses.dataclass

@@ -11,6 +11,8 @@ import sys
 
 from aiohttp import web
 
+from laps_jax.cluster.pace import PACE_WEIGHT
+
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load"}
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
@@ -83,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "step per sequence of the router's decoding there, so a request "
                          "leans to the instance with the fewest decoding (default 0: not "
                          "counted; no gain live, docs/BENCHMARKS.md session 27)")
-    ap.add_argument("--pace-weight", type=float, default=0.0,
-                    help="laps (experimental): weigh each instance's work by how fast it has "
-                         "lately turned work into first tokens against the others (an "
-                         "exponential mean of streamed requests' TTFT per token ahead, this "
-                         "weight per sample, in (0, 1]; default 0: not measured; 0.3 led in "
-                         "one run and not the next, docs/BENCHMARKS.md session 28)")
+    ap.add_argument("--pace-weight", type=float, default=PACE_WEIGHT,
+                    help="laps: weigh each instance's pending work by how fast it has lately "
+                         "turned work into first tokens against the others (an exponential "
+                         "mean of streamed requests' TTFT per token ahead, this weight per "
+                         f"sample, in (0, 1]; 0: not measured; default {PACE_WEIGHT}: 0.70x "
+                         "plain laps's SLO violations on Azure, docs/BENCHMARKS.md session 31)")
     ap.add_argument("--hold-tokens", type=float, default=0.0,
                     help="(experimental) late binding: hold a request in the router while "
                          "every instance has this many prefill tokens pending or more, and "
