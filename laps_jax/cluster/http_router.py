@@ -124,11 +124,8 @@ class HTTPRouter:
         # loads are tokens here: the threshold (None: the instances', below) and margins too
         self.config = dataclasses.replace(
             config, spill_s=spill_tokens if config.spill_s is None else config.spill_s)
-        self.instances = [Instance(u.rstrip("/")) for u in urls]
         self.pace_weight = pace_weight  # laps: weigh each instance's measured pace (0: not)
-        if pace_weight:
-            for inst in self.instances:
-                inst.pace = Pace(pace_weight)
+        self.instances = [self._instance(u) for u in urls]
         self.policy = RoutingPolicy(len(urls), self.config,
                                     lambda new, cached: new <= self.threshold,
                                     self.config.spill_s, FALLBACK_CHUNK)
@@ -167,13 +164,17 @@ class HTTPRouter:
         if self.session is not None:
             await self.session.close()
 
+    def _instance(self, url: str) -> Instance:
+        """A new instance at `url`, with its own pace when the router measures paces."""
+        return Instance(url.rstrip("/"), pace=Pace(self.pace_weight) if self.pace_weight else None)
+
     def replace_instance(self, k: int, url: str) -> None:
         """Instance `k` answers at `url` from now on (a restarted instance at a new address:
         `ray_cluster.Follower`). The old address leaves as a dead instance does (its requests
         in flight end with 502, what was known of its cache is dropped); slot `k` keeps its
         place in the policy (its group); the new address joins when its polls say healthy."""
         self.instances[k].mark_down(f"replaced by {url}")
-        self.instances[k] = Instance(url.rstrip("/"))
+        self.instances[k] = self._instance(url)
         if self._pollers:  # started: poll the new address instead of the old
             self._pollers[k].cancel()
             self._pollers[k] = asyncio.create_task(

@@ -22,7 +22,7 @@ from collections.abc import Sequence as Seq
 OVERHEAD_TOKENS = 64.0   # a step's fixed cost, in tokens (bench-cpu: ~18 ms at ~0.27 ms/token)
 FORGET_S = 2.0           # a pace this old counts for 1/e of its difference from the others
 CLIP = (0.5, 2.0)        # relative speed factors are kept within these
-PACE_WEIGHT = 0.3        # router.py's default weight per sample (docs/BENCHMARKS.md, session 31)
+PACE_WEIGHT = 0.3        # router.py's default weight per sample (docs/BENCHMARKS.md, session 32)
 
 
 @dataclasses.dataclass
@@ -48,9 +48,11 @@ class Pace:
         self.value = self.t = None
 
 
-def relative_speeds(paces: Seq[Pace], now: float, forget_s: float = FORGET_S) -> list[float]:
-    """Each instance's pace over the mean of those with one (1.0 where none), pulled toward 1
-    as its last sample ages, within `CLIP`."""
+def relative_speeds(paces: Seq[Pace | None], now: float,
+                    forget_s: float = FORGET_S) -> list[float]:
+    """Each instance's pace over the mean of those with one (1.0 where none, or no `Pace`),
+    pulled toward 1 as its last sample ages, within `CLIP`."""
+    paces = [p if p is not None else Pace(1.0) for p in paces]
     known = [p.value for p in paces if p.value is not None]
     if len(known) < 2:
         return [1.0] * len(paces)

@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps: weigh each instance's pending work by how fast it has lately "
                          "turned work into first tokens against the others (an exponential "
                          "mean of streamed requests' TTFT per token ahead, this weight per "
-                         f"sample, in (0, 1]; 0: not measured; default {PACE_WEIGHT}: 0.70x "
-                         "plain laps's SLO violations on Azure, docs/BENCHMARKS.md session 31)")
+                         f"sample, in (0, 1]; 0: not measured; default {PACE_WEIGHT}: "
+                         "0.63-0.80x plain laps's SLO violations on three traces, "
+                         "docs/BENCHMARKS.md session 32)")
     ap.add_argument("--hold-tokens", type=float, default=0.0,
                     help="(experimental) late binding: hold a request in the router while "
                          "every instance has this many prefill tokens pending or more, and "
