@@ -320,7 +320,7 @@ def test_pace_means_and_relative_speeds_by_hand():
 
 def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
     """router.py's default laps weighs pace (cluster/pace.py); `--pace-weight 0` does not."""
-    from laps_jax.cluster.pace import relative_speeds
+    from laps_jax.cluster.pace import OVERHEAD_TOKENS, relative_speeds
     from laps_jax.cluster.router_cli import build_parser, make_router
     urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
 
@@ -351,10 +351,16 @@ def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
             # else a tie taken in turn
             got = {r.pick(Estimate(None, 30, False), set())[0] for _ in range(4)}
             assert got == want
-    # an instance Ray restarted at a new address is measured afresh, and picking goes on
+    # /router/status shows what laps believes: the slow one's pace and its factor over 1
     r = cli_router([])
     r.instances[0].pace.observe(0.5, 0.0, 100, time.monotonic())
     r.instances[1].pace.observe(0.1, 0.0, 100, time.monotonic())
+    shown = r.status()["instances"]
+    per_token = [0.5 / (100 + OVERHEAD_TOKENS) * 1e3, 0.1 / (100 + OVERHEAD_TOKENS) * 1e3]
+    assert [i["pace_ms_per_token"] for i in shown] == pytest.approx(per_token, rel=1e-3)
+    assert shown[0]["relative_speed"] > 1 > shown[1]["relative_speed"]
+    assert "pace_ms_per_token" not in cli_router(["--pace-weight", "0"]).status()["instances"][0]
+    # an instance Ray restarted at a new address is measured afresh, and picking goes on
     r.replace_instance(0, "http://127.0.0.1:9005/")
     assert r.instances[0].url == "http://127.0.0.1:9005" and r.instances[0].pace.value is None
     r.instances[0].mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)

@@ -256,14 +256,27 @@ class HTTPRouter:
     def status(self) -> dict:
         s = self.policy.stats
         draining = self.policy.draining()
+        speeds = (relative_speeds([i.pace for i in self.instances], time.monotonic())
+                  if self.pace_weight else [None] * len(self.instances))
         return {"policy": self.config.policy, "threshold": self.threshold,
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "group_sizes": [list(g) for g in s.groups[-20:]],
-                "instances": [i.status(self.group(k), draining[k])
-                              for k, i in enumerate(self.instances)]}
+                "instances": [self._instance_status(k, draining[k], speeds[k])
+                              for k in range(len(self.instances))]}
+
+    def _instance_status(self, k: int, draining: bool, speed: float | None) -> dict:
+        """One instance's status, with its measured pace when laps weighs paces (`speed`:
+        how slow laps takes it to run now against the others, 1 = as they do)."""
+        inst = self.instances[k]
+        out = inst.status(self.group(k), draining)
+        if inst.pace is not None:
+            value = inst.pace.value
+            out["pace_ms_per_token"] = None if value is None else round(value * 1e3, 4)
+            out["relative_speed"] = None if speed is None else round(speed, 3)
+        return out
 
 
 ROUTER = web.AppKey("router", HTTPRouter)
