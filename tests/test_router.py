@@ -238,6 +238,16 @@ def _router(n=2, policy="least-load", **kw) -> HTTPRouter:
     return r
 
 
+def _cli_router(*flags: str, n: int = 2) -> HTTPRouter:
+    """A router as `scripts/router.py` makes it from `flags`, its instances idle and healthy."""
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    urls = [a for k in range(n) for a in ("--instance", f"http://127.0.0.1:{9000 + k}")]
+    r = make_router(build_parser().parse_args(urls + list(flags)))
+    for inst in r.instances:
+        inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
+    return r
+
+
 def _refused(flag: str, values) -> None:
     """router.py refuses each value of `flag`, naming the flag."""
     from laps_jax.cluster.router_cli import build_parser, make_router
@@ -321,21 +331,12 @@ def test_pace_means_and_relative_speeds_by_hand():
 def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
     """router.py's default laps weighs pace (cluster/pace.py); `--pace-weight 0` does not."""
     from laps_jax.cluster.pace import OVERHEAD_TOKENS, relative_speeds
-    from laps_jax.cluster.router_cli import build_parser, make_router
-    urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
-
-    def cli_router(flags):
-        r = make_router(build_parser().parse_args(urls + flags))
-        for inst in r.instances:
-            inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
-        return r
-
     rng = random.Random(5)
     for _ in range(5):
         slow = rng.randrange(2)
         for make, want in ((lambda: _router(2, "laps", pace_weight=0.5), {1 - slow}),
-                           (lambda: cli_router([]), {1 - slow}),
-                           (lambda: cli_router(["--pace-weight", "0"]), {0, 1}),
+                           (lambda: _cli_router(), {1 - slow}),
+                           (lambda: _cli_router("--pace-weight", "0"), {0, 1}),
                            (lambda: _router(2, "laps", pace_weight=0.0), {0, 1})):
             r = make()
             for k in range(2):
@@ -352,14 +353,14 @@ def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
             got = {r.pick(Estimate(None, 30, False), set())[0] for _ in range(4)}
             assert got == want
     # /router/status shows what laps believes: the slow one's pace and its factor over 1
-    r = cli_router([])
+    r = _cli_router()
     r.instances[0].pace.observe(0.5, 0.0, 100, time.monotonic())
     r.instances[1].pace.observe(0.1, 0.0, 100, time.monotonic())
     shown = r.status()["instances"]
     per_token = [0.5 / (100 + OVERHEAD_TOKENS) * 1e3, 0.1 / (100 + OVERHEAD_TOKENS) * 1e3]
     assert [i["pace_ms_per_token"] for i in shown] == pytest.approx(per_token, rel=1e-3)
     assert shown[0]["relative_speed"] > 1 > shown[1]["relative_speed"]
-    assert "pace_ms_per_token" not in cli_router(["--pace-weight", "0"]).status()["instances"][0]
+    assert "pace_ms_per_token" not in _cli_router("--pace-weight", "0").status()["instances"][0]
     # an instance Ray restarted at a new address is measured afresh, and picking goes on
     r.replace_instance(0, "http://127.0.0.1:9005/")
     assert r.instances[0].url == "http://127.0.0.1:9005" and r.instances[0].pace.value is None
@@ -497,21 +498,17 @@ def test_tokenizer_builtin_is_serve_py_s_default_model():
 
 
 def test_no_affinity_makes_round_robin_plain_data_parallelism():
-    from laps_jax.cluster.router_cli import build_parser, make_router
-    urls = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
     history = list(range(300, 364))
     picks = {}
     for flags in ([], ["--no-affinity"]):
-        r = make_router(build_parser().parse_args(urls + ["--policy", "round-robin", *flags]))
-        for inst in r.instances:
-            inst.mark_ok(parse_metrics(METRICS.replace("342", "0")), 0.0)
+        r = _cli_router("--policy", "round-robin", *flags)
         r.instances[0].blocks.add(history)
         picks[bool(flags)] = [r.pick(Estimate(history + [k], 65, False), set())[0]
                               for k in range(4)]
     assert picks[False] == [0, 0, 0, 0]  # every turn follows its cached history
     assert picks[True] == [0, 1, 0, 1]   # plain rotation
     with pytest.raises(ValueError, match="--no-affinity applies to"):
-        make_router(build_parser().parse_args(urls + ["--no-affinity"]))  # laps (default)
+        _cli_router("--no-affinity")  # laps (default)
 
 
 def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():

@@ -22,11 +22,10 @@ of the prompt its cache is expected to hold (`upstream.BlockIndex`). The short/l
 threshold is `--threshold` or else the one the instances report from their latency profiles
 (`laps_short_threshold_tokens`), and the long chunk a short request may wait out on an
 instance is the one it reports (`laps_long_chunk_tokens`; FALLBACK_CHUNK until it does).
-Affinity needs the prompt's token ids:
-a completion whose prompt is token ids has them; text prompts and chat messages are tokenized
-(and templated) with `tokenizer`, the instances' own (`--tokenizer DIR`), exactly as serve.py
-does. Without a tokenizer the router estimates a text's tokens from its length
-(`CHARS_PER_TOKEN`) and routes without prefix affinity.
+Affinity needs the prompt's token ids: a completion whose prompt is token ids has them; text
+prompts and chat messages are tokenized (and templated) with `tokenizer`, the instances' own
+(`--tokenizer DIR`), exactly as serve.py does. Without a tokenizer the router estimates a
+text's tokens from its length (`CHARS_PER_TOKEN`) and routes without prefix affinity.
 
 The router validates only what it must read (the body is a JSON object); anything else about a
 request is for the instance to judge, and its 4xx answer is passed through as it is, so errors
@@ -256,8 +255,7 @@ class HTTPRouter:
     def status(self) -> dict:
         s = self.policy.stats
         draining = self.policy.draining()
-        speeds = (relative_speeds([i.pace for i in self.instances], time.monotonic())
-                  if self.pace_weight else [None] * len(self.instances))
+        speeds = relative_speeds([i.pace for i in self.instances], time.monotonic())
         return {"policy": self.config.policy, "threshold": self.threshold,
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
@@ -267,7 +265,7 @@ class HTTPRouter:
                 "instances": [self._instance_status(k, draining[k], speeds[k])
                               for k in range(len(self.instances))]}
 
-    def _instance_status(self, k: int, draining: bool, speed: float | None) -> dict:
+    def _instance_status(self, k: int, draining: bool, speed: float) -> dict:
         """One instance's status, with its measured pace when laps weighs paces (`speed`:
         how slow laps takes it to run now against the others, 1 = as they do)."""
         inst = self.instances[k]
@@ -275,7 +273,7 @@ class HTTPRouter:
         if inst.pace is not None:
             value = inst.pace.value
             out["pace_ms_per_token"] = None if value is None else round(value * 1e3, 4)
-            out["relative_speed"] = None if speed is None else round(speed, 3)
+            out["relative_speed"] = round(speed, 3)
         return out
 
 

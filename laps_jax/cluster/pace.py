@@ -52,14 +52,13 @@ def relative_speeds(paces: Seq[Pace | None], now: float,
                     forget_s: float = FORGET_S) -> list[float]:
     """Each instance's pace over the mean of those with one (1.0 where none, or no `Pace`),
     pulled toward 1 as its last sample ages, within `CLIP`."""
-    paces = [p if p is not None else Pace(1.0) for p in paces]
-    known = [p.value for p in paces if p.value is not None]
+    known = [p.value for p in paces if p is not None and p.value is not None]
     if len(known) < 2:
         return [1.0] * len(paces)
     mean = sum(known) / len(known)
     out = []
     for p in paces:
-        if p.value is None or mean <= 0:
+        if p is None or p.value is None or mean <= 0:
             out.append(1.0)
             continue
         fresh = math.exp(-max(now - p.t, 0.0) / forget_s) if forget_s > 0 else 0.0
