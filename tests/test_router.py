@@ -370,6 +370,26 @@ def test_laps_with_pace_leans_away_from_the_instance_slow_of_late():
     _refused("--pace-weight", ("-0.5", "1.5", "nan"))
 
 
+def test_router_py_pace_forget_time_sets_how_fast_an_unrefreshed_pace_fades():
+    """`--pace-forget-s F`: a pace last measured `age` s ago counts for exp(-age / F) of its
+    difference from the others (the default 2 s, as pace.FORGET_S); numbers made here."""
+    rng = random.Random(11)
+    for flags, forget in (((), 2.0), (("--pace-forget-s", "6"), 6.0),
+                          (("--pace-forget-s", "0.5"), 0.5)):
+        r = _cli_router(*flags)
+        now = time.monotonic()
+        secs = [rng.uniform(0.2, 0.6), rng.uniform(0.05, 0.15)]  # instance 0 the slower
+        age = rng.uniform(0.5, 3.0)
+        for inst, sec in zip(r.instances, secs):
+            inst.pace.observe(sec, 0.0, 100, now - age)
+        mean = sum(secs) / 2
+        want = [min(max(1 + (s / mean - 1) * math.exp(-age / forget), 0.5), 2.0) for s in secs]
+        assert r.speeds() == pytest.approx(want, rel=1e-2)
+        assert [i["relative_speed"] for i in r.status()["instances"]] == \
+            pytest.approx(want, abs=2e-3)
+    _refused("--pace-forget-s", ("-1", "inf", "nan"))
+
+
 def test_pick_follows_the_cached_history_and_counts_load():
     r = _router()
     history = list(range(200, 264))

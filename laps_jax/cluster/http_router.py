@@ -53,7 +53,7 @@ from aiohttp import web
 
 from laps_jax.cluster.hold import HoldFull, HoldQueue
 from laps_jax.cluster.instances import Instance, log, poll_forever
-from laps_jax.cluster.pace import Pace, relative_speeds
+from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
 from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
@@ -115,7 +115,8 @@ class HTTPRouter:
                  max_inflight: int = 256,
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
-                 pace_weight: float = 0.0, hold_tokens: float = 0.0):
+                 pace_weight: float = 0.0, pace_forget_s: float = FORGET_S,
+                 hold_tokens: float = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -124,6 +125,7 @@ class HTTPRouter:
         self.config = dataclasses.replace(
             config, spill_s=spill_tokens if config.spill_s is None else config.spill_s)
         self.pace_weight = pace_weight  # laps: weigh each instance's measured pace (0: not)
+        self.pace_forget_s = pace_forget_s  # how fast an unrefreshed pace fades (pace.py)
         self.instances = [self._instance(u) for u in urls]
         self.policy = RoutingPolicy(len(urls), self.config,
                                     lambda new, cached: new <= self.threshold,
@@ -247,15 +249,18 @@ class HTTPRouter:
                                inflight=[len(i.inflight) for i in self.instances],
                                decode_step=decode,
                                chunk=[self.long_chunk(i) for i in self.instances],
-                               speed=(relative_speeds([i.pace for i in self.instances],
-                                                      time.monotonic())
-                                      if self.pace_weight else None))
+                               speed=self.speeds() if self.pace_weight else None)
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
+
+    def speeds(self) -> list[float]:
+        """How slow each instance runs now against the others, from its measured pace."""
+        return relative_speeds([i.pace for i in self.instances], time.monotonic(),
+                               self.pace_forget_s)
 
     def status(self) -> dict:
         s = self.policy.stats
         draining = self.policy.draining()
-        speeds = relative_speeds([i.pace for i in self.instances], time.monotonic())
+        speeds = self.speeds()
         return {"policy": self.config.policy, "threshold": self.threshold,
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),

@@ -11,7 +11,7 @@ import sys
 
 from aiohttp import web
 
-from laps_jax.cluster.pace import PACE_WEIGHT
+from laps_jax.cluster.pace import FORGET_S, PACE_WEIGHT
 
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load"}
@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                          f"sample, in (0, 1]; 0: not measured; default {PACE_WEIGHT}: "
                          "0.63-0.80x plain laps's SLO violations on three traces, "
                          "docs/BENCHMARKS.md session 32)")
+    ap.add_argument("--pace-forget-s", type=float, default=FORGET_S,
+                    help="laps, with --pace-weight: seconds after which an instance's last "
+                         "pace counts for 1/e of its difference from the others, so one that "
+                         f"looked slow and got no work since is not shunned for good (default "
+                         f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
+                         "session 34; 0: paces are forgotten at once, as if pace were off)")
     ap.add_argument("--hold-tokens", type=float, default=0.0,
                     help="(experimental) late binding: hold a request in the router while "
                          "every instance has this many prefill tokens pending or more, and "
@@ -133,6 +139,8 @@ def make_router(args):
                          f"got {args.decode_seq_tokens}")
     if not (args.pace_weight == 0 or 0 < args.pace_weight <= 1):
         raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
+    if not (args.pace_forget_s >= 0 and math.isfinite(args.pace_forget_s)):
+        raise ValueError(f"--pace-forget-s must be a finite number >= 0, got {args.pace_forget_s}")
     if not (args.hold_tokens >= 0 and math.isfinite(args.hold_tokens)):
         raise ValueError(f"--hold-tokens must be a finite number >= 0, got {args.hold_tokens}")
     if args.hold_tokens and args.prefill:
@@ -153,7 +161,8 @@ def make_router(args):
                         decode_seq_tokens=args.decode_seq_tokens,
                         instance_api_key=args.instance_api_key,
                         long_chunk_tokens=args.long_chunk_tokens,
-                        pace_weight=args.pace_weight, hold_tokens=args.hold_tokens)
+                        pace_weight=args.pace_weight, pace_forget_s=args.pace_forget_s,
+                        hold_tokens=args.hold_tokens)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill))
