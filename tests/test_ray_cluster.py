@@ -52,6 +52,21 @@ def test_placement_counts_against_the_cluster_resources():
         ClusterSpec(roles=("bogus",)).role_list(1)
 
 
+def test_instances_other_machines_reach_need_a_key_which_the_router_gets(capsys):
+    from laps_jax.cluster.cluster_cli import build_parser, instance_key, main
+    assert main(["--address", "10.1.2.3:6379", "--", "--model", "builtin"]) == 2
+    err = capsys.readouterr().err
+    assert "--address 10.1.2.3:6379" in err and "--api-key KEY" in err
+    assert main(["--instance-host", "0.0.0.0", "--", "--model", "builtin"]) == 2
+    assert "--instance-host 0.0.0.0" in capsys.readouterr().err
+    parse = lambda argv: build_parser().parse_known_args(argv)[0]
+    # a joined cluster kept on each node's loopback needs no key; a key goes to the router
+    assert instance_key(parse(["--address", "auto", "--instance-host", "127.0.0.1"]), [], []) == []
+    assert instance_key(parse(["--address", "auto"]), ["--api-key=s3"], []) == \
+        ["--instance-api-key", "s3"]
+    assert instance_key(parse([]), ["--api-key", "k"], ["--instance-api-key", "other"]) == []
+
+
 def test_launcher_refuses_bad_flags_before_starting_ray(capsys):
     from laps_jax.cluster.cluster_cli import main
     assert main(["--instances", "2", "--cpus-per-instance", "1", "--", "--port", "9"]) == 2
@@ -176,7 +191,7 @@ def ray_cluster(tmp_path_factory):
     logf = open(tmp_path_factory.mktemp("ray") / "serve_cluster.log", "w+")
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "scripts", "serve_cluster.py"), "--instances", "2",
-         "--cpus-per-instance", "1", "--instance-host", "127.0.0.1", "--object-store-mb", "80",
+         "--cpus-per-instance", "1", "--object-store-mb", "80",
          "--policy", "round-robin", "--port", str(port), "--", *TINY_GRID],
         stdout=logf, stderr=subprocess.STDOUT)
 
@@ -211,6 +226,40 @@ def ray_cluster(tmp_path_factory):
                 os.kill(pid, 0)
         for f in logs:
             os.remove(f)
+
+
+def listeners(pid: int) -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every listening TCP socket of pid and its
+    descendants: the launcher, Ray's processes it started, the serve.py instances."""
+    import psutil
+    found = []
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            conns = p.net_connections(kind="inet")
+            name = p.name()
+        except psutil.Error:  # gone meanwhile
+            continue
+        found += [(name, c.laddr.ip, c.laddr.port) for c in conns
+                  if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+@pytest.mark.slow
+def test_a_local_cluster_listens_on_the_loopback_only(ray_cluster):
+    """No flag says otherwise: Ray's GCS, raylet, workers and agents, the instances (default
+    --instance-host) and the router bind 127.0.0.1, nothing another machine can reach."""
+    url, proc, log = ray_cluster
+    found = listeners(proc.pid)
+    names = {n for n, _, _ in found}
+    assert {"gcs_server", "raylet"} <= names, found  # Ray's own processes were seen
+    ports = {port for _, _, port in found}
+    for inst in get(url, "/cluster/status")["instances"]:
+        assert inst["url"].startswith("http://127.0.0.1:"), inst
+        assert int(inst["url"].rsplit(":", 1)[1]) in ports  # the instances were seen too
+    loopback = lambda ip: ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1")
+    beyond = [(n, ip, port) for n, ip, port in found if not loopback(ip)]
+    assert not beyond, f"listening beyond the loopback: {beyond}"
 
 
 @pytest.mark.slow

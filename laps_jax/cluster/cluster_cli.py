@@ -14,7 +14,7 @@ import asyncio
 import sys
 
 from laps_jax.cluster import router_cli
-from laps_jax.cluster.ray_cluster import ClusterSpec
+from laps_jax.cluster.ray_cluster import ClusterSpec, is_loopback
 
 SET_BY_LAUNCHER = ("--host", "--port", "--role")
 
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                "8100 -- --model builtin")
     ap.add_argument("--address", default=None,
                     help="Ray cluster to join (host:port, 'auto' for the one `ray start` runs "
-                         "on this machine, ray://...); default: start a Ray instance here")
+                         "on this machine, ray://...); default: start a Ray instance here that "
+                         "listens on 127.0.0.1 only, as do its instances")
     ap.add_argument("--instances", type=int, default=None,
                     help="instances to place (default: as many as the cluster's GPUs, or CPUs "
                          "with --cpus-per-instance, hold)")
@@ -46,10 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default both; e.g. prefill,decode: each request is prefilled on a "
                          "prefill instance and decoded on a decode one, its KV pulled across)")
     ap.add_argument("--instance-host", default=None,
-                    help="address each serve.py binds (default: its node's IP as Ray knows it, "
-                         "so the router can reach it from another machine: give the "
-                         "instances an --api-key after '--' and the router "
-                         "--instance-api-key on a shared network)")
+                    help="address each serve.py binds (default: its node's IP as Ray knows it: "
+                         "127.0.0.1 on a Ray instance started here; with --address, an IP the "
+                         "router reaches from another machine, and then the instances need an "
+                         "--api-key after '--', which the router is given too)")
     ap.add_argument("--max-restarts", type=int, default=-1,
                     help="times Ray restarts each instance (default -1: always)")
     ap.add_argument("--ready-timeout", type=float, default=600.0,
@@ -91,6 +92,34 @@ def router_args(flags: list[str], urls: list[str], roles: list[str]) -> argparse
     return router_cli.build_parser().parse_args(flags + inst)
 
 
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of `name` in argv (`--name V` or `--name=V`; the last one wins), or None."""
+    value = None
+    for k, a in enumerate(argv):
+        if a == name and k + 1 < len(argv):
+            value = argv[k + 1]
+        elif a.startswith(name + "="):
+            value = a[len(name) + 1:]
+    return value
+
+
+def instance_key(args, serve_args: list[str], rflags: list[str]) -> list[str]:
+    """The router flags that let it reach the instances. Instances that other machines can
+    reach (a joined cluster, a non-loopback --instance-host) must have an --api-key: refused
+    without one, in one line. The key reaches the router as --instance-api-key unless given."""
+    key = flag_value(serve_args, "--api-key")
+    open_to_network = (args.address or args.instance_host) and not is_loopback(args.instance_host)
+    if open_to_network and not key:
+        where = (f"--instance-host {args.instance_host}" if args.instance_host
+                 else f"--address {args.address}")
+        raise ValueError(f"{where}: the instances listen where other machines reach them; "
+                         f"give them a key after '--' (--api-key KEY), or keep them on this "
+                         f"machine with --instance-host 127.0.0.1")
+    if key and flag_value(rflags, "--instance-api-key") is None:
+        return ["--instance-api-key", key]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     ours, serve_args = split_argv(sys.argv[1:] if argv is None else argv)
     args, rflags = build_parser().parse_known_args(ours)
@@ -104,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                        tuple(args.roles.split(",")), tuple(serve_args), args.instance_host,
                        args.max_restarts, args.ready_timeout)
     n = args.instances or 1
-    try:  # the router's flags and the roles, checked before anything starts
+    try:  # the router's flags, the roles and the instances' key, checked before anything starts
+        rflags = rflags + instance_key(args, serve_args, rflags)
         router_args(rflags, ["http://127.0.0.1:1"] * n, spec.role_list(n))
     except ValueError as e:
         log(f"error: {e}")
@@ -113,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
+    from laps_jax.cluster.ray_cluster import attach, connect, loopback_only, place, stop_all
+    if not args.address:
+        loopback_only()  # before Ray is imported: it reads the switch once
     try:
         import ray
     except ImportError:
         log("error: serve_cluster.py needs Ray: pip install 'laps_jax[cluster]' (ray 2.60)")
         return 2
-    from laps_jax.cluster.ray_cluster import attach, connect, place, stop_all
     connect(args.address, args.object_store_mb)
     slots = []
     try:

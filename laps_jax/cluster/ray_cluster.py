@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import sys
 import time
 
@@ -29,6 +30,12 @@ from laps_jax.cluster.http_router import ROUTER, HTTPRouter
 
 FOLLOW_INTERVAL_S = 1.0
 ROLES = ("both", "prefill", "decode")
+# Ray's switch between "this machine only" and "a cluster other machines may join": off, its
+# node IP is 127.0.0.1, and GCS, raylet, object manager, workers and agents bind to it alone
+# (on, they bind every interface). Read by Ray when it is imported, and inherited by the
+# processes it starts.
+RAY_MULTI_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclasses.dataclass
@@ -40,6 +47,7 @@ class ClusterSpec:
     roles: tuple[str, ...] = ()             # one per instance, or one for all; () = "both"
     serve_args: tuple[str, ...] = ()
     host: str | None = None                 # what instances bind; None: their node's IP
+                                            # (127.0.0.1 on a Ray instance started here)
     max_restarts: int = -1                  # per instance; -1: always restart
     ready_timeout_s: float = 600.0
 
@@ -95,14 +103,32 @@ class Slot:
 
 def connect(address: str | None, object_store_mb: int = 128) -> None:
     """Joins the Ray cluster at `address` ('auto': the one `ray start` runs on this machine),
-    or starts one on this machine (address None), small: a launcher passes only addresses
-    through the object store, and no dashboard."""
+    or starts one on this machine (address None): small (a launcher passes only addresses
+    through the object store), no dashboard, and on the loopback only (`loopback_only`)."""
+    if not address:
+        loopback_only()
     import ray
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(address="local", include_dashboard=False, log_to_driver=False,
                  object_store_memory=object_store_mb << 20)
+
+
+def loopback_only() -> None:
+    """Makes a Ray instance started from this process single-machine: its node IP is
+    127.0.0.1, so every Ray process binds the loopback alone, and so do the instances, which
+    bind their node's IP. Nothing on another machine needs to reach a Ray that only this
+    machine's launcher uses. Set before Ray starts; if Ray is imported already, its constant
+    is set too (it is read once, at import)."""
+    os.environ[RAY_MULTI_NODE_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def is_loopback(host: str | None) -> bool:
+    return host is not None and (host in LOOPBACK or host.startswith("127."))
 
 
 def place(spec: ClusterSpec) -> list[Slot]:
