@@ -2,7 +2,7 @@
 from its per-request records: for runs made before routers.md had the band table, or to
 read one trace of a run alone (docs/BENCHMARKS.md, "Routers, live").
 
-    python scripts/bench_router_bands.py runs/s26all
+    python scripts/bench_router_bands.py runs/routers_3traces
 
 Reads RUN_DIR/routers.json (the measured isolated TTFT, the SLO scale, the replays each round
 ran) and the per-request records bench_routers.py left beside it (`routers.records_path`);

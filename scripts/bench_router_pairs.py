@@ -3,7 +3,7 @@ the same settings (docs/BENCHMARKS.md, "Routers, live"): each round's SLO violat
 their ratio, and over all rounds the median and geometric mean of the ratios, the pooled ratio
 with a 90% bootstrap interval, and the rounds won (`laps_jax.bench.pairs`).
 
-    python scripts/bench_router_pairs.py runs/s26az runs/s27seq runs/s27aa \\
+    python scripts/bench_router_pairs.py runs/azure_a runs/azure_b runs/azure_c \\
         --trace azure --router laps --against smg:cache_aware
 
 Runs whose settings for the trace differ (load, lengths, instances, serve args, SLO) are

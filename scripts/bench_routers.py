@@ -7,7 +7,7 @@ instances, several rounds, median and range (laps_jax/bench/routers.py; docs/BEN
 
 Choose each trace's time scale for a load the instances can serve (a round-robin round
 missing a few percent of its SLOs): at their limit every instance is busy and every router
-looks alike (docs/BENCHMARKS.md, session 20). A time scale is not a load from one day to the
+looks alike (docs/SIMULATION.md, "Router policies"). A time scale is not a load from one day to the
 next on a shared machine: the isolated-TTFT ladder printed first says how fast it is today.
 
 Mooncake's follow-up turns come minutes after their previous turn (median 123 s), so its

@@ -132,7 +132,7 @@ def test_fit_finds_the_attention_form_and_the_ragged_rate():
     assert fitted.device.attn_overlap is False
     assert fitted.device.ragged_rate == pytest.approx(50e9, rel=0.2)
     assert fitted.device.attn_rate == pytest.approx(100e9, rel=0.2)
-    # the session-1 form could not tell the two paths apart: a worse fit on the same data
+    # the first form (one attention rate) could not tell the two paths apart: a worse fit
     one_rate = LatencyModel(BENCH, 4, DeviceSpec("x", 200e9, 1e30, 5e-3, 75e9, 6e9), 256)
     assert (statistics.median(relative_errors(one_rate, shapes, secs))
             > 3 * statistics.median(relative_errors(fitted, shapes, secs)))

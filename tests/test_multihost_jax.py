@@ -3,7 +3,7 @@ devices, joined by `jax.distributed.initialize` (gloo collectives) into one 4-de
 
 Across the two processes: a psum and a matmul whose contracted dimension is split (so XLA
 all-reduces between processes) against numpy. (The model runner tensor-parallel over both
-processes was checked once against one device, 4.8e-7 apart, in session 16; it costs ~90 s of
+processes was checked once against one device, 4.8e-7 apart, on 2026-12-02; it costs ~90 s of
 compiling, too much for the suite: ARCHITECTURE, "Multi-host JAX".) What a
 multi-host *instance* still lacks is in docs/ARCHITECTURE.md ("Multi-host JAX")."""
 

@@ -152,7 +152,7 @@ def round_order(modes: list[str], rnd: int) -> list[str]:
     """The order of the modes in round `rnd` (from 0): each odd round reverses the round
     before it, so a drift in the machine's speed within a pair of rounds hits every mode alike,
     and each pair starts one rotation further on, so no mode keeps one position -- with three
-    modes, plain reversal left the middle one in the middle every round (in session 11 two
+    modes, plain reversal left the middle one in the middle every round (in an A/A run two
     settings that made identical decisions differed 20% on mean prefill over 8 rounds, one of
     them in the middle every round: noise or position, a fair order rules out the second).
     Three modes: all six orders every six rounds."""

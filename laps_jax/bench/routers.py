@@ -121,7 +121,7 @@ def blocks(work: Trace, size: int) -> list[Trace]:
     part's arrivals moved to start at 0 with the trace's own gaps. Every router replays a part
     in turn before the next part starts (`bench_routers.py --block`), so the replays compared
     are a minute apart, not a whole round: on a machine whose speed moves by a third within a
-    round (docs/BENCHMARKS.md, session 29), that is the difference between comparing routers
+    round (docs/BENCHMARKS.md, "Router"), that is the difference between comparing routers
     and comparing moments. A sessions trace replays whole (one part): its turns wait on their
     answers, so a cut would change the arrivals."""
     if size < 0:

@@ -41,7 +41,7 @@ class ValidationOptions:
     min_samples: int = 5              # pools with fewer requests are shown, not judged
     round: int = 1                    # which round of a --repeats run to predict
     calibrate_by: str = "bucket"      # "bucket": a factor per compiled shape the run ran 5+
-                                      # times, else per kind (the default since session 11:
+                                      # times, else per kind (the default since 2026-12-01:
                                       # under load the shape mix moves); "kind": per step
                                       # kind; "step": one per mode
     calibration: Calibration | None = None  # set by the calibration (speed, jitter per kind)
@@ -124,7 +124,7 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
     work = compare._workload(o, cfg.vocab_size, max_len)
     gap, long_budget = run.get("decode_gap_s", 0.0), run.get("long_budget_tokens")
     if "long_chunk_ratio" not in run and gap is None and long_budget:
-        # a run from before session 7: its decode gap was the predicted long chunk
+        # a run from before long_chunk_ratio: its decode gap was the predicted long chunk
         gap = slo_model.predict(StepShape.exact((min(long_budget, ecfg.max_chunk),)))
     scheduler = SchedulerConfig(threshold=o.threshold, window=o.window,
                                 cross_pool=run.get("cross_pool", "short-first"),
@@ -134,11 +134,11 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
                                 aging_tokens_per_s=run.get("aging_tokens_per_s"),
                                 max_postpone_s=run.get("max_postpone_s"),
                                 max_wait_s=run.get("max_wait_s"),
-                                # runs recorded before session 9 ran without it
+                                # runs recorded before fill_rows ran without it
                                 fill_rows=run.get("fill_rows", False),
                                 fill_slack=run.get("fill_slack", 0.0),
-                                # runs recorded before session 11 ran without it, and
-                                # before session 12 without the padding check
+                                # runs recorded before the overload mode ran without it,
+                                # and before its padding check without the check
                                 overload_requests=run.get("overload_requests"),
                                 overload_check=run.get("overload_check", False))
     spec = InstanceSpec(mode=mode, kv_cache_tokens=ecfg.kv_cache_tokens,

@@ -4,7 +4,7 @@ pending, and sends it when one drains (`--hold-tokens`, experimental, off by def
 Why: a request bound to an instance on arrival waits there even when another instance drains
 first, and which one drains first is not known on arrival (on the CPU bench three instances
 share two cores, so which one runs fast changes faster than a load report or a measured pace
-can follow: docs/BENCHMARKS.md sessions 26-28). Held in the router, a request is bound only
+can follow: docs/BENCHMARKS.md, "Router"). Held in the router, a request is bound only
 when some instance's pending prefill falls below `hold_tokens`, to the instance the policy
 picks among those. Ray Serve's request router does the same with its per-replica cap on
 ongoing requests. What it costs: the instances batch less (each sees at most about

@@ -16,7 +16,7 @@ there (laps, off unless `decode_step_tokens`: a laps instance runs a decode step
 prefill step while any sequence decodes; None counts a decode step as a prefill of the
 threshold's tokens, both memory-bound steps; `decode_seq_tokens` adds more per sequence
 decoding there; other clients' decoding is not seen; neither showed a gain live,
-docs/BENCHMARKS.md sessions 18 and 27), how fast each has lately turned work into first
+docs/BENCHMARKS.md), how fast each has lately turned work into first
 tokens (laps, when `pace_weight`, router.py's default 0.3: cluster/pace.py), and the prefix
 of the prompt its cache is expected to hold (`upstream.BlockIndex`). The short/long
 threshold is `--threshold` or else the one the instances report from their latency profiles

@@ -10,8 +10,8 @@ when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
   dropped (a restarted process has an empty cache);
 - a poll timed out, but not yet silent that long: **slow**. It takes no new requests (as
   unavailable); those in flight go on, its cache and load are kept. Seen live: three
-  instances on two cores, one stalled past a 1 s poll now and then (session 19: once in 18
-  replays; session 21: twice in one) and came back within half a second, and each time a
+  instances on two cores, one stalled past a 1 s poll now and then (once in 18 replays on
+  2026-12-02, twice in one later that day) and came back within half a second, and each time a
   router that took one missed poll for death cut every stream on it (15, then 32). A busy
   instance whose streams flow is never silent, so it stays slow until a poll gets through;
 - /health answering anything but 200 (draining, stalled): **unavailable**: no new requests,

@@ -22,7 +22,7 @@ from collections.abc import Sequence as Seq
 OVERHEAD_TOKENS = 64.0   # a step's fixed cost, in tokens (bench-cpu: ~18 ms at ~0.27 ms/token)
 FORGET_S = 2.0           # a pace this old counts for 1/e of its difference from the others
 CLIP = (0.5, 2.0)        # relative speed factors are kept within these
-PACE_WEIGHT = 0.3        # router.py's default weight per sample (docs/BENCHMARKS.md, session 32)
+PACE_WEIGHT = 0.3        # router.py's default weight per sample (docs/BENCHMARKS.md, "Router")
 
 
 @dataclasses.dataclass

@@ -84,27 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps (experimental): add this many prefill tokens to that decode "
                          "step per sequence of the router's decoding there, so a request "
                          "leans to the instance with the fewest decoding (default 0: not "
-                         "counted; no gain live, docs/BENCHMARKS.md session 27)")
+                         "counted; no gain live, docs/BENCHMARKS.md)")
     ap.add_argument("--pace-weight", type=float, default=PACE_WEIGHT,
                     help="laps: weigh each instance's pending work by how fast it has lately "
                          "turned work into first tokens against the others (an exponential "
                          "mean of streamed requests' TTFT per token ahead, this weight per "
                          f"sample, in (0, 1]; 0: not measured; default {PACE_WEIGHT}: "
                          "0.63-0.80x plain laps's SLO violations on three traces, "
-                         "docs/BENCHMARKS.md session 32)")
+                         "docs/BENCHMARKS.md)")
     ap.add_argument("--pace-forget-s", type=float, default=FORGET_S,
                     help="laps, with --pace-weight: seconds after which an instance's last "
                          "pace counts for 1/e of its difference from the others, so one that "
                          f"looked slow and got no work since is not shunned for good (default "
                          f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
-                         "session 34; 0: paces are forgotten at once, as if pace were off)")
+                         "0: paces are forgotten at once, as if pace were off)")
     ap.add_argument("--hold-tokens", type=float, default=0.0,
                     help="(experimental) late binding: hold a request in the router while "
                          "every instance has this many prefill tokens pending or more, and "
                          "send it, fewest tokens first (aged), when one drains below; any "
                          "policy picks among the instances below (default 0: send on "
-                         "arrival; 256 showed no gain over 8 rounds, docs/BENCHMARKS.md "
-                         "session 29)")
+                         "arrival; 256 showed no gain over 8 rounds, docs/BENCHMARKS.md)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")

@@ -87,7 +87,7 @@ FLAGS: dict[str, dict] = {
     "no_overload_check": dict(
         action="store_true",
         help="laps: widen long steps past the overload mark even where that pads more tokens "
-             "(before session 12)"),
+             "(the overload mode before its padding check)"),
 }
 
 # dest -> the SchedulerConfig field it sets (the window flags set WindowConfig's)

@@ -9,7 +9,7 @@ On a GPU the attention kernel overlaps its K/V reads with its math (the max abov
 loops do not, and its two CPU attention paths differ in efficiency (the ragged path's items are
 small matmuls: about half the FLOP rate of the blocked path's query blocks), so a device may say
 `attn_overlap=False` (the two attention terms add) and give the ragged path its own rate. Fitted
-to the session-3 CPU profile that halves the median error (12% -> 6%), and removes its bias:
+to a bench-cpu CPU profile that halves the median error (12% -> 6%), and removes its bias:
 single 512-token chunks had been predicted 26-36% slow and batched short re-prefills over long
 histories 21-37% fast.
 

@@ -12,7 +12,7 @@ pool instead when its best request already scores lower; while a short window is
 waits for it; otherwise a long chunk. Inside each pool work is ordered by remaining work with
 aging (a first analysis found the order inside the pools matters as much as the split): by
 default fewest remaining tokens first with a wait bound (pools.py; chosen by an A/B of the
-orders in one run on both traces, docs/BENCHMARKS_SCHEDULER.md session 6), or highest response
+orders in one run on both traces, docs/BENCHMARKS_SCHEDULER.md), or highest response
 ratio first, or remaining tokens minus a linear credit.
 """
 
@@ -196,7 +196,7 @@ def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
     trace a token mark made short requests miss their SLO at light load). Twice the chunk,
     not the full budget, and the padding check: on the H200 roofline, full-budget steps (4
     chunks) packed padded buckets around several requests and made laps' mean prefill 3.5x
-    worse at load 0.8 (docs/SIMULATION.md, session 12)."""
+    worse at load 0.8 (docs/SIMULATION.md, "Qwen2.5-32B on H200")."""
     if ratio is None:
         return budget
     widths = [t for t in grid.prefill_tokens if t <= budget] or [budget]

@@ -85,8 +85,8 @@ def freeze_startup_heap() -> int:
     Called once start-up is done: the model, tokenizer and compiled programs (about 270,000
     objects for bench-cpu) are never garbage, yet each full collection walked them all: 0.24 s
     of CPU on this machine, over a second of stalled event loop with three instances on two
-    cores, which a router's health check takes for a hung process (docs/BENCHMARKS.md,
-    session 21). Collections then visit only what serving allocates.
+    cores, which a router's health check takes for a hung process (seen in the router runs
+    of 2026-12-02). Collections then visit only what serving allocates.
     """
     gc.collect()
     gc.freeze()

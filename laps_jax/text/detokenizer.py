@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
-if TYPE_CHECKING:
-    from laps_jax.text.tokenizer import Tokenizer
+
+class RawDecode(Protocol):
+    """What the decoder needs of a tokenizer (text.tokenizer.Tokenizer is one): its decode
+    without clean-up, so this module needs nothing from tokenizer.py, which imports it."""
+
+    def decode_raw(self, ids: list[int], skip_special_tokens: bool) -> str: ...
 
 
 class IncrementalDecoder:
@@ -18,7 +22,7 @@ class IncrementalDecoder:
     right. ``"".join(pushes) + flush() == tokenizer.decode(all_ids)``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: RawDecode, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
@@ -27,7 +31,7 @@ class IncrementalDecoder:
         self.text = ""  # everything emitted so far
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer._tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode_raw(ids, self.skip_special_tokens)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly completed text ("" while a character is still incomplete)."""

@@ -217,6 +217,10 @@ class Tokenizer:
         text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return _clean_up_tokenization(text) if self._clean_up_spaces else text
 
+    def decode_raw(self, ids: list[int], skip_special_tokens: bool) -> str:
+        """The model's own decode, without the clean-up of spaces (IncrementalDecoder's view)."""
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
     def __len__(self) -> int:
         return self.vocab_size
 

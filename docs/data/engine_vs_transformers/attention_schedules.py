@@ -1,6 +1,6 @@
-# Session 14 experiment (not part of laps_jax): the blocked XLA attention against its query
+# Experiment of 2026-12-01 (not part of laps_jax): the blocked XLA attention against its query
 # blocks and KV blocks unrolled in Python (no while loop), one layer of bench-cpu shapes.
-# Run from the repository root: python docs/data/s14/attention_schedules.py
+# Run from the repository root: python docs/data/engine_vs_transformers/attention_schedules.py
 import functools, sys
 import jax, jax.numpy as jnp, numpy as np
 sys.path.insert(0, "scripts")

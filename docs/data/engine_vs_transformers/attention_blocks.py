@@ -1,6 +1,6 @@
-# Session 14 experiment (not part of laps_jax): the blocked XLA attention with wider KV and
+# Experiment of 2026-12-01 (not part of laps_jax): the blocked XLA attention with wider KV and
 # query blocks, one 2,048-token sequence of bench-cpu shapes.
-# Run from the repository root: python docs/data/s14/attention_blocks.py
+# Run from the repository root: python docs/data/engine_vs_transformers/attention_blocks.py
 import functools, sys
 import jax, numpy as np
 sys.path.insert(0, "scripts")
