@@ -399,3 +399,28 @@ def test_each_instance_s_reported_long_chunk_reaches_the_policy():
     fixed.instances[1].mark_ok(MetricsReport(pending_tokens=0.0, long_chunk=128), 0.0)
     assert [fixed.long_chunk(i) for i in fixed.instances] == [300.0, 300.0]
     assert parse_metrics(METRICS + "laps_long_chunk_tokens 256.0\n").long_chunk == 256
+
+
+def test_router_status_sits_behind_the_api_key_health_and_metrics_do_not():
+    """/router/status shows instance addresses, loads and their last errors: with --api-key it
+    answers 401 (serve.py's JSON error) without the key; /health and /metrics stay open."""
+    from router_utils import RouterThread
+    r = RouterThread(["http://127.0.0.1:9"], api_key="sesame")  # nothing listens there
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            req = urllib.request.Request(r.url + "/router/status", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 401
+            assert json.loads(e.value.read())["error"]["code"] == "invalid_api_key"
+        req = urllib.request.Request(r.url + "/router/status",
+                                     headers={"Authorization": "Bearer sesame"})
+        with urllib.request.urlopen(req, timeout=10) as got:
+            assert json.loads(got.read())["instances"][0]["url"] == "http://127.0.0.1:9"
+        with urllib.request.urlopen(r.url + "/metrics", timeout=10) as got:
+            assert b"laps_router_instance_healthy" in got.read()
+        with pytest.raises(urllib.error.HTTPError) as e:  # no instance up: 503, not 401
+            urllib.request.urlopen(r.url + "/health", timeout=10)
+        assert e.value.code == 503 and "healthy_instances" in json.loads(e.value.read())
+    finally:
+        r.close()

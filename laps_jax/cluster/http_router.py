@@ -59,7 +59,8 @@ from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import loop_lag
-from laps_jax.server.app import STATE, ServerState, _read_body, decode_json, errors_and_auth
+from laps_jax.server.app import (GUARDED, STATE, ServerState, _read_body, decode_json,
+                                 errors_and_auth)
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
 
 CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenizer
@@ -373,9 +374,13 @@ def create_router_app(router: HTTPRouter, api_key: str | None = None,
     `server.http_runner.make_runner` (JSON answers to HTTP parser errors, read timeouts)."""
     app = web.Application(client_max_size=max_request_bytes, middlewares=[errors_and_auth])
     # serve.py's middleware reads auth and the request counter from a ServerState; the router
-    # has no engine, so the engine fields stay empty (nothing else of the server runs here)
+    # has no engine, so the engine fields stay empty (nothing else of the server runs here).
+    # The key guards what serve.py's guards and the router's own status pages (instance
+    # addresses, loads, errors; serve_cluster.py's /cluster/status): /health and /metrics stay
+    # open, as serve.py's do
     state = ServerState(dispatcher=None, engines=[], tokenizer=router.tokenizer, vocab_size=0,
                         max_model_len=0, served_names=(), api_key=api_key,
+                        guarded=GUARDED + ("/router/", "/cluster/"),
                         metrics=RouterMetrics(router),
                         parse_pool=concurrent.futures.ThreadPoolExecutor(
                             PARSE_THREADS, thread_name_prefix="router-parse"))

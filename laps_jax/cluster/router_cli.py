@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
     ap.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+                    help="require 'Authorization: Bearer KEY' on /v1/* and /router/status "
+                         "(/health and /metrics stay open; default: no key)")
     ap.add_argument("--instance-api-key", default=None,
                     help="the key the instances require, sent on requests to them")
     ap.add_argument("--max-inflight", type=int, default=256,

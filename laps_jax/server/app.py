@@ -54,6 +54,7 @@ class ServerState:
     stall_after_s: float = 60.0  # /health turns 503 after a lane is stuck this long
     parse_pool: concurrent.futures.ThreadPoolExecutor | None = None
     pd: object | None = None  # server/pd.py's PDServer on a prefill or decode instance
+    guarded: tuple[str, ...] = GUARDED  # path prefixes --api-key guards (the router adds its own)
 
 
 STATE = web.AppKey("state", ServerState)
@@ -69,7 +70,7 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith(GUARDED) and not _authorized(
+        if state.api_key and request.path.startswith(state.guarded) and not _authorized(
                 request.headers.get("Authorization", ""), state.api_key):
             raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                            status=401, code="invalid_api_key")
