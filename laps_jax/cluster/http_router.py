@@ -51,11 +51,11 @@ import time
 import aiohttp
 from aiohttp import web
 
-from laps_jax.cluster.hold import HoldFull, HoldQueue
+from laps_jax.cluster.failover import route
+from laps_jax.cluster.hold import HoldQueue
 from laps_jax.cluster.instances import Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
-from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import loop_lag
@@ -88,6 +88,8 @@ def estimate(raw: bytes, kind: str, tokenizer, max_model_len: int) -> Estimate:
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
     stream = body.get("stream") is True
+    if "laps_resume" in body:  # the router's own, when it resumes a stream (failover.py)
+        raise APIError("'laps_resume' is set by the router, not by clients", param="laps_resume")
     try:
         if kind == "completion":
             p = body.get("prompt")
@@ -253,6 +255,11 @@ class HTTPRouter:
                                speed=self.speeds() if self.pace_weight else None)
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
+    def remember(self, inst: Instance, est: Estimate) -> None:
+        """`inst` has the request's prompt in its cache from now on (as far as it is known)."""
+        if est.ids and inst.blocks is not None:
+            inst.blocks.add(est.ids)
+
     def speeds(self) -> list[float]:
         """How slow each instance runs now against the others, from its measured pace."""
         return relative_speeds([i.pace for i in self.instances], time.monotonic(),
@@ -297,45 +304,7 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     if router.split is not None:
         return await router.split.generate(request, kind, raw, est)
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-    tried: set[int] = set()
-    holding = router.hold is not None
-    if holding:  # wait in the router until an instance is below the hold (cluster/hold.py)
-        try:
-            await router.hold.turn(est.tokens)
-        except HoldFull as e:
-            raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
-    while True:
-        try:
-            k, new, short = router.pick(est, tried | router.held_back())
-            inst = router.instances[k]
-            inst.routed += 1
-            t0, ahead = time.monotonic(), inst.load.load
-            ticket = inst.load.sent(new, t0, short)
-        finally:  # counted on its instance (or refused): the next held request may go
-            if holding:
-                holding = False
-                router.hold.sent()
-        if est.ids and inst.blocks is not None:
-            inst.blocks.add(est.ids)
-
-        def prefilled() -> None:
-            inst.load.prefilled(ticket, time.monotonic())
-            if router.hold is not None:  # its instance may be below the hold now
-                router.hold.kick()
-
-        def first_token() -> None:
-            if inst.pace is not None and est.stream:  # (a whole answer's time is not TTFT)
-                now = time.monotonic()
-                inst.pace.observe(now - t0, ahead, new, now)
-            prefilled()
-        try:
-            return await relay(request, router.session, inst, path, raw, est.stream,
-                               router.upstream_headers, on_first=first_token)
-        except InstanceDown as e:  # refused before anything was sent: try another one
-            inst.mark_down(str(e))
-            tried.add(k)
-        finally:
-            prefilled()
+    return await route(request, router, path, raw, est)
 
 
 async def completions(request: web.Request):

@@ -1,0 +1,184 @@
+"""A dead instance costs the client nothing (laps_jax/cluster/failover.py).
+
+Fast: the router in this process in front of fake instances that speak serve.py's stream (with
+the token ids the router asks for) and fail on cue: refused, reset before any byte, or cut
+mid-stream. Slow: two real serve.py processes behind scripts/router.py, the one serving a
+200-token greedy stream SIGKILLed mid-way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from laps_jax.cluster import http_router
+from laps_jax.cluster.http_router import HTTPRouter, create_router_app
+from laps_jax.cluster.policy import RouterConfig
+from laps_jax.cluster.upstream import parse_metrics
+from laps_jax.server.resume import TOKEN_IDS_HEADER
+
+IDLE = parse_metrics('laps_pending_prefill_tokens{pool="short"} 0.0\n')
+
+
+def word(i: int) -> str:
+    return f"w{i} "
+
+
+class FakeInstance:
+    """Completions of `max_tokens` tokens 100, 101, ... (text "w0 w1 ..."), resumable as
+    serve.py's are; `mode` "reset" closes each connection before answering, `cut_at` N ends
+    the connection after the stream's N-th token."""
+
+    def __init__(self, mode: str = "ok", cut_at: int | None = None):
+        self.mode, self.cut_at, self.bodies = mode, cut_at, []
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def complete(self, request: web.Request):
+        body = await request.json()
+        self.bodies.append((body, dict(request.headers)))
+        if self.mode == "reset":
+            request.transport.abort()
+            return web.Response()
+        n, r = body.get("max_tokens", 16), body.get("laps_resume")
+        start = len(r["token_ids"]) if r else 0
+        assert not r or r["token_ids"] == [100 + i for i in range(start)]
+        rid, created = (r["id"], r["created"]) if r else (f"cmpl-{id(self)}", 5)
+
+        def chunk(text: str, finish: str | None) -> bytes:
+            return json.dumps({"id": rid, "object": "text_completion", "created": created,
+                               "choices": [{"index": 0, "text": text,
+                                            "finish_reason": finish}]}).encode()
+        if not body.get("stream"):
+            return web.Response(body=chunk("".join(map(word, range(n))), "length"),
+                                content_type="application/json")
+        ids = request.headers.get(TOKEN_IDS_HEADER) == "1"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(start, n):
+            if i == self.cut_at:
+                request.transport.abort()
+                return resp
+            head = b": id %d\n" % (100 + i) if ids else b""
+            await resp.write(head + b"data: " + chunk(word(i), None) + b"\n\n")
+            await asyncio.sleep(0.005)
+        await resp.write(b"data: " + chunk("", "length") + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+
+def run_router(fakes_or_urls, test, monkeypatch):
+    """`test(session, router url, router)` against a round-robin router over the fakes
+    (started here) or plain URLs, each instance taken as healthy (no polls)."""
+    async def no_polls(*a, **k):
+        await asyncio.Event().wait()
+    monkeypatch.setattr(http_router, "poll_forever", no_polls)
+
+    async def go():
+        urls = []
+        for f in fakes_or_urls:
+            if isinstance(f, str):
+                urls.append(f)
+            else:
+                await f.server.start_server()
+                urls.append(str(f.server.make_url("")).rstrip("/"))
+        router = HTTPRouter(urls, RouterConfig(policy="round-robin"))
+        for inst in router.instances:
+            inst.mark_ok(IDLE, 0.0)
+        front = TestServer(create_router_app(router), host="127.0.0.1")
+        await front.start_server()
+        try:
+            async with aiohttp.ClientSession() as s:
+                await test(s, str(front.make_url("")).rstrip("/"), router)
+        finally:
+            await front.close()
+            for f in fakes_or_urls:
+                if not isinstance(f, str):
+                    await f.server.close()
+    asyncio.run(go())
+
+
+async def read_sse(s, url: str, body: dict) -> list:
+    async with s.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        raw = (await r.read()).decode()
+    assert ": id" not in raw  # the token ids are the router's, never the client's
+    return [e[6:] if e == "data: [DONE]" else json.loads(e[6:])
+            for e in raw.split("\n\n") if e]
+
+
+def metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+@pytest.mark.parametrize("failure", ["refused", "reset"])
+def test_a_request_that_got_no_byte_goes_to_the_other_instance(monkeypatch, caplog, failure):
+    from laps_jax.workload.http_compare import free_port
+    good = FakeInstance()
+    bad = f"http://127.0.0.1:{free_port()}" if failure == "refused" else FakeInstance("reset")
+    want = "".join(map(word, range(6)))
+
+    async def test(s, url, router):
+        for stream in (False, True):  # round-robin: each goes to the failing one first
+            router.policy._rr = 0
+            body = {"prompt": [1, 2, 3], "max_tokens": 6, "stream": stream}
+            if stream:
+                events = await read_sse(s, url, body)
+                assert events[-1] == "[DONE]" and "error" not in events[-2]
+                assert "".join(e["choices"][0]["text"] for e in events[:-1]) == want
+            else:
+                async with s.post(url + "/v1/completions", json=body) as r:
+                    assert r.status == 200
+                    assert (await r.json())["choices"][0]["text"] == want
+        text = await (await s.get(url + "/metrics")).text()
+        assert metric(text, "laps_router_retries_total") == (1 if failure == "refused" else 2)
+        assert metric(text, "laps_router_resumes_total") == 0
+        assert router.instances[0].state == ("down" if failure == "refused" else "ok")
+    with caplog.at_level(logging.WARNING, logger="laps_jax.router"):
+        run_router([bad, good], test, monkeypatch)
+    said = [r.getMessage() for r in caplog.records if "request sent again" in r.getMessage()]
+    assert len(said) == (1 if failure == "refused" else 2)
+    assert len(good.bodies) == 2
+
+
+def test_a_stream_cut_mid_way_resumes_on_the_other_instance(monkeypatch, caplog):
+    cut, good = FakeInstance(cut_at=7), FakeInstance()
+
+    async def test(s, url, router):
+        events = await read_sse(s, url, {"prompt": [1, 2, 3], "max_tokens": 20,
+                                         "stream": True})
+        assert events[-1] == "[DONE]" and all("error" not in e for e in events[:-1])
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == \
+            "".join(map(word, range(20)))  # nothing lost, nothing twice
+        assert {e["id"] for e in events[:-1]} == {f"cmpl-{id(cut)}"}  # the same response
+        assert [e["choices"][0]["finish_reason"] for e in events[:-1]].count("length") == 1
+        text = await (await s.get(url + "/metrics")).text()
+        assert metric(text, "laps_router_resumes_total") == 1
+        assert all(not i.inflight and i.load.load == 0 for i in router.instances)
+    with caplog.at_level(logging.WARNING, logger="laps_jax.router"):
+        run_router([cut, good], test, monkeypatch)
+    (body, headers), = good.bodies
+    assert headers[TOKEN_IDS_HEADER] == "1" and cut.bodies[0][1][TOKEN_IDS_HEADER] == "1"
+    assert body["laps_resume"] == {"token_ids": list(range(100, 107)),
+                                   "id": f"cmpl-{id(cut)}", "created": 5}
+    assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 20  # the instance reduces it
+    said = [r.getMessage() for r in caplog.records if "resumed" in r.getMessage()]
+    assert len(said) == 1 and "after 7 tokens" in said[0]
+
+
+def test_a_client_may_not_send_the_resume_field(monkeypatch):
+    good = FakeInstance()
+
+    async def test(s, url, router):
+        async with s.post(url + "/v1/completions", json={
+                "prompt": [1], "stream": True, "laps_resume": {"token_ids": []}}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["param"] == "laps_resume"
+    run_router([good], test, monkeypatch)
+    assert good.bodies == []
