@@ -214,15 +214,19 @@ def test_hostile_requests_get_the_json_errors_serve_py_gives(cluster, routed):
 
 
 @pytest.mark.slow
-def test_a_hung_instance_leaves_within_2_s_and_its_requests_get_502(cluster, routed):
+def test_a_hung_instance_leaves_within_2_s_and_its_request_is_answered_by_the_other(
+        cluster, routed):
+    """A request in flight on a SIGSTOPped instance had no byte back: once the instance is
+    down (within 2 s) it goes to the other instance, and the client sees only the answer."""
     import signal
     _, procs = cluster
     victim = procs[1]
     result = {}
+    body = {"prompt": [7] * 20, "max_tokens": 400, "temperature": 0}
+    want = post(procs[0].url, "/v1/completions", body)[1]["choices"][0]["text"]
 
     def slow_request(token: int):
-        result["r"] = post(routed.url, "/v1/completions",
-                           {"prompt": [token] * 20, "max_tokens": 400, "temperature": 0})
+        result["r"] = post(routed.url, "/v1/completions", dict(body, prompt=[token] * 20))
         result["t"] = time.time()
 
     # round-robin: send until one is in flight on the victim (a new prompt each time: a
@@ -235,14 +239,18 @@ def test_a_hung_instance_leaves_within_2_s_and_its_requests_get_502(cluster, rou
         if st["instances"][1]["inflight"]:
             break
         t.join(120)
+    if attempt == 1:  # (the victim's request is the second prompt)
+        want = post(procs[0].url, "/v1/completions", dict(body, prompt=[8] * 20))[1][
+            "choices"][0]["text"]
     victim.proc.send_signal(signal.SIGSTOP)
     stopped = time.time()
     try:
-        t.join(10)
+        routed.wait(lambda s: s["instances"][1]["state"] == "down", 2.0, "the victim down")
+        t.join(120)
         assert not t.is_alive()
-        status, body, _ = result["r"]
-        assert status == 502 and body["error"]["code"] == "upstream_failed", body
-        assert result["t"] - stopped < 2.0
+        status, got, _ = result["r"]
+        assert status == 200 and got["choices"][0]["text"] == want, got
+        assert time.time() - stopped < 60
         st = routed.status()
         assert st["instances"][1]["state"] == "down" and st["healthy"] == 1
         for _ in range(3):  # new requests go to the other
@@ -265,38 +273,50 @@ def _at_third_token(routed, act, record: dict):
     return on_line
 
 
+def _stream_text(url: str, body: dict, on_line=None) -> tuple[str, list, list]:
+    """(text, error events, [DONE] count) of a stream."""
+    events = sse(url, "/v1/completions", body, on_line=on_line)
+    errors = [e for e in events if isinstance(e, dict) and "error" in e]
+    return stream_text(events, "completion"), errors, events.count("[DONE]")
+
+
 @pytest.mark.slow
-def test_a_stream_on_a_hung_instance_gets_an_error_event_within_2_s(cluster, routed):
+def test_a_stream_on_a_hung_instance_resumes_on_the_other_within_2_s(cluster, routed):
     """The stream's reads are not raced against the instance's health one by one: the poller
-    marking the instance down must still end a stream stuck waiting for its next token."""
+    marking the instance down must still end the wait for its next token, and the stream goes
+    on from the other instance with the text an uninterrupted run gives."""
     import signal
     _, procs = cluster
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
-    stopped = {}
+    want = _stream_text(procs[0].url, body)[0]
+    stopped, times = {}, []
     hang = _at_third_token(routed, lambda k: procs[k].proc.send_signal(signal.SIGSTOP), stopped)
+
+    def on_line(i, payload):
+        times.append(time.time())
+        hang(i, payload)
     try:
-        events = sse(routed.url, "/v1/completions", body, on_line=hang)
-        ended = time.time()
+        text, errors, done = _stream_text(routed.url, body, on_line)
     finally:
         if stopped:
             procs[stopped["k"]].proc.send_signal(signal.SIGCONT)
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_failed"
-    assert "health checks" in events[-2]["error"]["message"]
-    assert ended - stopped["t"] < 2.0
+    assert text == want and errors == [] and done == 1
+    after = [stopped["t"]] + [t for t in times if t > stopped["t"]]
+    assert max(b - a for a, b in zip(after, after[1:])) < 2.5
     routed.wait(lambda s: s["instances"][stopped["k"]]["healthy"], 10, "the instance back")
 
 
 @pytest.mark.slow
-def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(cluster, routed):
+def test_sigkill_mid_stream_resumes_it_and_the_instance_rejoins_after_a_restart(
+        cluster, routed):
     from server_utils import ServerProcess
     path, procs = cluster
     body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    want = _stream_text(procs[0].url, body)[0]
     killed = {}
     kill = _at_third_token(routed, lambda k: procs[k].proc.kill(), killed)
-    events = sse(routed.url, "/v1/completions", body, on_line=kill)
-    ended = time.time()
-    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_failed"
-    assert ended - killed["t"] < 2.0
+    text, errors, done = _stream_text(routed.url, body, kill)
+    assert text == want and errors == [] and done == 1
     k = killed["k"]
     routed.wait(lambda s: not s["instances"][k]["healthy"], 2, "the dead instance out")
     for _ in range(4):
@@ -310,4 +330,3 @@ def test_sigkill_mid_stream_ends_it_and_the_instance_rejoins_after_a_restart(clu
     for _ in range(2):
         assert post(routed.url, "/v1/completions", {"prompt": [3, 4], "max_tokens": 2})[0] == 200
     assert routed.status()["instances"][k]["routed"] == before + 1
-

@@ -424,3 +424,36 @@ def test_router_status_sits_behind_the_api_key_health_and_metrics_do_not():
         assert e.value.code == 503 and "healthy_instances" in json.loads(e.value.read())
     finally:
         r.close()
+
+
+def test_without_a_tokenizer_a_conversation_follows_its_text():
+    """No --tokenizer: a follow-up turn (chat messages, or a completion prompt that extends the
+    last) goes where its earlier turns went, by the text's block hashes, under laps (the
+    default) and round-robin alike; another conversation is not pulled along."""
+    from router_utils import WORDS
+    rng = random.Random(3)
+
+    def body(kind, turns):
+        if kind == "chat":
+            return json.dumps({"messages": turns}).encode()
+        return json.dumps({"prompt": "".join(t["content"] for t in turns)}).encode()
+    for flags in ((), ("--policy", "round-robin")):
+        for kind in ("chat", "completion"):
+            r = cli_router(*flags)
+            convs = [[{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(60))}]
+                     for _ in range(4)]
+            where = []
+            for turns in convs:
+                est = estimate(body(kind, turns), kind, None, 4096)
+                assert est.ids is None and len(est.text) >= 5
+                k = r.pick(est, set())[0]
+                r.remember(r.instances[k], est)
+                where.append(k)
+                turns += [{"role": "assistant", "content": " fine."},
+                          {"role": "user", "content": " And then?"}]
+            assert set(where) == {0, 1}
+            for turns, k in zip(convs, where):
+                assert r.pick(estimate(body(kind, turns), kind, None, 4096), set())[0] == k
+            assert r.status()["instances"][0]["indexed_text_blocks"] > 0
+            r.instances[0].mark_down("gone")  # a restarted instance holds nothing
+            assert r.instances[0].texts is not None and len(r.instances[0].texts) == 0
