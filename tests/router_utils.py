@@ -75,6 +75,7 @@ class RouterThread:
         self.router = HTTPRouter(urls, config or RouterConfig(policy=policy),
                                  tokenizer=tokenizer, **kw)
         self.app = create_router_app(self.router, api_key)
+        self.key = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.runner = make_runner(self.app, 30.0, access_log=None, handler_cancellation=True)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -91,7 +92,8 @@ class RouterThread:
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
     def status(self) -> dict:
-        with urllib.request.urlopen(self.url + "/router/status", timeout=10) as r:
+        req = urllib.request.Request(self.url + "/router/status", headers=self.key)
+        with urllib.request.urlopen(req, timeout=10) as r:  # (behind the key, when set)
             return json.loads(r.read())
 
     def wait(self, pred, timeout: float = 30.0, what: str = "") -> dict:
