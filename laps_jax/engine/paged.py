@@ -23,7 +23,7 @@ class PagedSequences:
         A request without a seed gets a random one here (its draws: sampling.position_uniform)."""
         seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
         if not 0 <= seed < SEED_LIMIT:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+            raise ValueError(f"seed must be a non-negative integer under 2**64, got {seed}")
         pages = self.kv.allocate(seq.prompt)
         seq.pages, seq.num_computed = pages, pages.cached_len
         seq.cached_tokens = pages.cached_len
