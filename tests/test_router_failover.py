@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -303,13 +304,16 @@ def ms(xs) -> str:
 
 
 def stream_run(url: str, body: dict, on_event=None) -> dict:
-    """A client's stream: its text, ids, finish reasons, usage, errors and event times."""
+    """A client's stream (a chat when `body` has messages): its text, ids, finish reasons,
+    usage, errors and event times."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
     async def go():
         out = {"text": "", "ids": set(), "finish": [], "usage": None, "errors": [],
                "times": [], "done": False}
         async with aiohttp.ClientSession() as s:
             t0 = time.monotonic()
-            async with s.post(url + "/v1/completions", json=body) as r:
+            async with s.post(url + path, json=body) as r:
                 assert r.status == 200, await r.text()
                 async for line in r.content:
                     if not line.startswith(b"data: "):
@@ -325,7 +329,8 @@ def stream_run(url: str, body: dict, on_event=None) -> dict:
                     out["ids"].add(ev["id"])
                     out["usage"] = ev.get("usage") or out["usage"]
                     for c in ev["choices"]:
-                        out["text"] += c["text"]
+                        out["text"] += c["text"] if "text" in c else \
+                            c["delta"].get("content") or ""
                         if c["finish_reason"]:
                             out["finish"].append(c["finish_reason"])
                     if on_event is not None:
@@ -382,8 +387,31 @@ def test_sigkill_mid_stream_costs_the_client_nothing(builtin_pair):
             assert run["stall"] < 2.0, run["stall"]
             runs.append((run["stall"], run["total"] - ref["total"], ref["total"],
                          max(b - a for a, b in zip(ref["times"], ref["times"][1:]))))
-        assert router.metric("laps_router_resumes_total") == len(runs)
-        assert router.output().count("resumed: http://") == len(runs)
+        # a seeded chat with a stop string on a hung instance (SIGSTOP): it is down after
+        # 1.7 s of silence, the stream resumes on the other, and SIGCONT brings it back
+        chat = {"messages": [{"role": "user", "content": "Tell me a story about a cat."}],
+                "max_tokens": 120, "temperature": 0.8, "seed": 11, "stream": True}
+        whole = stream_run(router.url, chat)
+        assert not whole["errors"] and len(whole["text"]) > 40
+        chat["stop"] = whole["text"][-12:-8]  # (it ends the text where it first appears)
+        want = stream_run(router.url, chat)
+        assert want["finish"] == ["stop"] and len(want["text"]) < len(whole["text"])
+        stopped = {}
+
+        def hang(n: int) -> None:
+            if n == 10:
+                k = next(k for k, i in enumerate(router.status()["instances"]) if i["inflight"])
+                builtin_pair[k].proc.send_signal(signal.SIGSTOP)
+                stopped["k"] = k
+        try:
+            got = stream_run(router.url, chat, hang)
+        finally:
+            builtin_pair[stopped["k"]].proc.send_signal(signal.SIGCONT)
+        assert got["text"] == want["text"] and got["finish"] == ["stop"] and not got["errors"]
+        assert len(got["ids"]) == 1 and got["done"]
+        router.wait(lambda s: s["healthy"] == 2, "the stopped instance back")
+        assert router.metric("laps_router_resumes_total") == len(runs) + 1
+        assert router.output().count("resumed: http://") == len(runs) + 1
         if len(runs) > 1:
             stalls, added, plain, gaps = zip(*runs)
             print(f"\nfailover over {len(runs)} SIGKILLs: longest wait for an event after the "
