@@ -31,7 +31,8 @@ FORBIDDEN = {
 }
 # the network router (a front end like the server) reuses the server's HTTP error handling and
 # the instances' tokenizer; the rest of cluster (the policy the simulator runs) must not
-CLUSTER_FRONT_END = {"http_router.py", "proxy.py", "router_cli.py", "pd_router.py"}
+CLUSTER_FRONT_END = {"http_router.py", "proxy.py", "router_cli.py", "pd_router.py",
+                     "failover.py"}
 
 
 def _imports(path: str) -> set[str]:

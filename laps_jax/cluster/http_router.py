@@ -25,7 +25,9 @@ instance is the one it reports (`laps_long_chunk_tokens`; FALLBACK_CHUNK until i
 Affinity needs the prompt's token ids: a completion whose prompt is token ids has them; text
 prompts and chat messages are tokenized (and templated) with `tokenizer`, the instances' own
 (`--tokenizer DIR`), exactly as serve.py does. Without a tokenizer the router estimates a
-text's tokens from its length (`CHARS_PER_TOKEN`) and routes without prefix affinity.
+text's tokens from its length (`CHARS_PER_TOKEN`) and keeps affinity by the text itself: the
+chained hashes of its 64-byte blocks (`text_key`: a chat's messages as JSON, so earlier turns
+are a prefix of the next) in an LRU index per instance, a matched block counted as 16 tokens.
 
 The router validates only what it must read (the body is a JSON object); anything else about a
 request is for the instance to judge, and its 4xx answer is passed through as it is, so errors
@@ -35,9 +37,9 @@ instance can take (all unhealthy, or each at `max_inflight` requests from this r
 with Retry-After. With `hold_tokens` (late binding, experimental: cluster/hold.py) a request
 waits in the router while every available instance has that much prefill pending, at most
 `max_inflight` x instances of them (then 503 with Retry-After), and then goes to the policy's
-pick among the instances below the hold. A request whose instance stops answering ends at once
-with 502 (a stream: an error event, then `data: [DONE]`); one whose connection was refused
-before it was sent is routed again to another instance.
+pick among the instances below the hold. A request whose instance fails goes on at another
+(failover.py): sent again if nothing reached the client yet, a stream resumed from the tokens
+the client has.
 """
 
 from __future__ import annotations
@@ -46,23 +48,26 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import json
 import time
 
 import aiohttp
 from aiohttp import web
 
-from laps_jax.cluster.hold import HoldFull, HoldQueue
-from laps_jax.cluster.instances import Instance, log, poll_forever
+from laps_jax.cluster.failover import route
+from laps_jax.cluster.hold import HoldQueue
+from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
-from laps_jax.cluster.proxy import InstanceDown, relay
 from laps_jax.cluster.router_metrics import RouterMetrics
-from laps_jax.cluster.upstream import cached_prefixes
+from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, text_hashes
 from laps_jax.server import loop_lag
-from laps_jax.server.app import STATE, ServerState, _read_body, decode_json, errors_and_auth
+from laps_jax.server.app import (GUARDED, STATE, ServerState, _read_body, decode_json,
+                                 errors_and_auth)
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
 
 CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenizer
+MAX_TEXT_BLOCKS = 8192   # text blocks hashed per prompt (512 KiB: a longer prefix adds little)
 ANY_VOCAB = 1 << 31      # token ids are range-checked by the instance, not here
 DEFAULT_MAX_MODEL_LEN = 1 << 20  # until an instance says (/v1/models)
 PARSE_THREADS = 2
@@ -74,10 +79,35 @@ GROUPED = ("length-aware", "laps")  # policies with short and long groups
 
 
 class Estimate:
-    """What routing needs of a request: its prompt's token ids (None: unknown) and length."""
+    """What routing needs of a request: its prompt's token ids (None: unknown) and length, and
+    without them the hashes of its text's blocks (`text_key`)."""
 
-    def __init__(self, ids: list[int] | None, tokens: int, stream: bool):
-        self.ids, self.tokens, self.stream = ids, tokens, stream
+    def __init__(self, ids: list[int] | None, tokens: int, stream: bool,
+                 text: list[bytes] | None = None):
+        self.ids, self.tokens, self.stream, self.text = ids, tokens, stream, text
+
+
+def text_key(kind: str, prompt) -> str | None:
+    """The text the router indexes for a prompt it does not tokenize: a completion's prompt
+    string; a chat's messages, each as JSON of [role, content] (so a conversation's earlier
+    turns are a prefix of its next turn's key, as the chat template renders them a prefix of
+    its text); None for anything the instance will refuse."""
+    if kind == "completion":
+        return prompt if isinstance(prompt, str) else None
+    if not isinstance(prompt, list) or not all(isinstance(m, dict) for m in prompt):
+        return None
+    return "".join(json.dumps([m.get("role"), m.get("content")], ensure_ascii=False)
+                   for m in prompt)
+
+
+def _by_text(kind: str, prompt, stream: bool) -> Estimate:
+    key = text_key(kind, prompt)
+    if key is None:
+        return Estimate(None, 0, stream)
+    n = (len(prompt) if kind == "completion" else
+         sum(len(m.get("content") or "") for m in prompt if isinstance(m.get("content"), str)))
+    return Estimate(None, n // CHARS_PER_TOKEN + 1, stream,
+                    text_hashes(key, TEXT_BLOCK_BYTES, MAX_TEXT_BLOCKS))
 
 
 def estimate(raw: bytes, kind: str, tokenizer, max_model_len: int) -> Estimate:
@@ -87,20 +117,19 @@ def estimate(raw: bytes, kind: str, tokenizer, max_model_len: int) -> Estimate:
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
     stream = body.get("stream") is True
+    if "laps_resume" in body:  # the router's own, when it resumes a stream (failover.py)
+        raise APIError("'laps_resume' is set by the router, not by clients", param="laps_resume")
     try:
         if kind == "completion":
             p = body.get("prompt")
             if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
                 p = p[0]
             if isinstance(p, str) and tokenizer is None:
-                return Estimate(None, len(p) // CHARS_PER_TOKEN + 1, stream)
+                return _by_text(kind, p, stream)
             ids = parse_prompt(body, ANY_VOCAB, tokenizer, max_model_len)
         else:
             if tokenizer is None:
-                msgs = body.get("messages")
-                n = sum(len(m.get("content") or "") for m in msgs if isinstance(m, dict)
-                        and isinstance(m.get("content"), str)) if isinstance(msgs, list) else 0
-                return Estimate(None, n // CHARS_PER_TOKEN + 1, stream)
+                return _by_text(kind, body.get("messages"), stream)
             ids = parse_messages(body, tokenizer, max_model_len)
     except APIError:
         return Estimate(None, 0, stream)
@@ -172,7 +201,7 @@ class HTTPRouter:
     def replace_instance(self, k: int, url: str) -> None:
         """Instance `k` answers at `url` from now on (a restarted instance at a new address:
         `ray_cluster.Follower`). The old address leaves as a dead instance does (its requests
-        in flight end with 502, what was known of its cache is dropped); slot `k` keeps its
+        in flight go on elsewhere, what was known of its cache is dropped); slot `k` keeps its
         place in the policy (its group); the new address joins when its polls say healthy."""
         self.instances[k].mark_down(f"replaced by {url}")
         self.instances[k] = self._instance(url)
@@ -233,8 +262,13 @@ class HTTPRouter:
                    f"every available instance has {self.max_inflight} requests in flight")
             raise APIError(f"no instance can take the request now ({why}); retry shortly", 503,
                            "unavailable", headers={"Retry-After": "1"})
-        cached = (cached_prefixes(est.ids, [i.blocks for i in self.instances])
-                  if est.ids else [0] * len(self.instances))
+        if est.ids:
+            cached = cached_prefixes(est.ids, [i.blocks for i in self.instances])
+        elif est.text:  # the text's blocks as tokens, leaving one to compute as the engine does
+            cached = [min(matched_blocks(est.text, i.texts) * TEXT_BLOCK_BYTES // CHARS_PER_TOKEN,
+                          est.tokens - 1) for i in self.instances]
+        else:
+            cached = [0] * len(self.instances)
         loads = [i.load.load for i in self.instances]
         # a decode step, in tokens (None: a memory-bound step, a prefill of the threshold's
         # tokens, where prefill turns compute-bound; 0, the default: not counted), plus
@@ -251,6 +285,13 @@ class HTTPRouter:
                                chunk=[self.long_chunk(i) for i in self.instances],
                                speed=self.speeds() if self.pace_weight else None)
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
+
+    def remember(self, inst: Instance, est: Estimate) -> None:
+        """`inst` has the request's prompt in its cache from now on (as far as it is known)."""
+        if est.ids and inst.blocks is not None:
+            inst.blocks.add(est.ids)
+        elif est.text and inst.texts is not None:
+            inst.texts.add_hashes(est.text)
 
     def speeds(self) -> list[float]:
         """How slow each instance runs now against the others, from its measured pace."""
@@ -296,45 +337,7 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     if router.split is not None:
         return await router.split.generate(request, kind, raw, est)
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-    tried: set[int] = set()
-    holding = router.hold is not None
-    if holding:  # wait in the router until an instance is below the hold (cluster/hold.py)
-        try:
-            await router.hold.turn(est.tokens)
-        except HoldFull as e:
-            raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
-    while True:
-        try:
-            k, new, short = router.pick(est, tried | router.held_back())
-            inst = router.instances[k]
-            inst.routed += 1
-            t0, ahead = time.monotonic(), inst.load.load
-            ticket = inst.load.sent(new, t0, short)
-        finally:  # counted on its instance (or refused): the next held request may go
-            if holding:
-                holding = False
-                router.hold.sent()
-        if est.ids and inst.blocks is not None:
-            inst.blocks.add(est.ids)
-
-        def prefilled() -> None:
-            inst.load.prefilled(ticket, time.monotonic())
-            if router.hold is not None:  # its instance may be below the hold now
-                router.hold.kick()
-
-        def first_token() -> None:
-            if inst.pace is not None and est.stream:  # (a whole answer's time is not TTFT)
-                now = time.monotonic()
-                inst.pace.observe(now - t0, ahead, new, now)
-            prefilled()
-        try:
-            return await relay(request, router.session, inst, path, raw, est.stream,
-                               router.upstream_headers, on_first=first_token)
-        except InstanceDown as e:  # refused before anything was sent: try another one
-            inst.mark_down(str(e))
-            tried.add(k)
-        finally:
-            prefilled()
+    return await route(request, router, path, raw, est)
 
 
 async def completions(request: web.Request):
@@ -373,9 +376,13 @@ def create_router_app(router: HTTPRouter, api_key: str | None = None,
     `server.http_runner.make_runner` (JSON answers to HTTP parser errors, read timeouts)."""
     app = web.Application(client_max_size=max_request_bytes, middlewares=[errors_and_auth])
     # serve.py's middleware reads auth and the request counter from a ServerState; the router
-    # has no engine, so the engine fields stay empty (nothing else of the server runs here)
+    # has no engine, so the engine fields stay empty (nothing else of the server runs here).
+    # The key guards what serve.py's guards and the router's own status pages (instance
+    # addresses, loads, errors; serve_cluster.py's /cluster/status): /health and /metrics stay
+    # open, as serve.py's do
     state = ServerState(dispatcher=None, engines=[], tokenizer=router.tokenizer, vocab_size=0,
                         max_model_len=0, served_names=(), api_key=api_key,
+                        guarded=GUARDED + ("/router/", "/cluster/"),
                         metrics=RouterMetrics(router),
                         parse_pool=concurrent.futures.ThreadPoolExecutor(
                             PARSE_THREADS, thread_name_prefix="router-parse"))

@@ -5,8 +5,8 @@ when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
 
 - refused, reset, /metrics unreadable, or silent for `DEAD_S` (no poll answered and no byte
   of an answer relayed from it for that long): the instance is **down**: it leaves the
-  rotation, the requests in flight on it end at once (the proxy answers them 502, or an error
-  event on a stream: `fail_inflight`), and what the router knew of its cache and load is
+  rotation, the requests in flight on it end there at once (`fail_inflight`; failover.py sends
+  them again or resumes them elsewhere), and what the router knew of its cache and load is
   dropped (a restarted process has an empty cache);
 - a poll timed out, but not yet silent that long: **slow**. It takes no new requests (as
   unavailable); those in flight go on, its cache and load are kept. Seen live: three
@@ -41,6 +41,8 @@ from laps_jax.cluster.upstream import BlockIndex, LoadBook, MetricsReport, parse
 
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 1.0
+TEXT_BLOCK_BYTES = 64  # a text block (~16 tokens at 4 bytes per token: a KV block or so)
+TEXT_BLOCKS = 1 << 16  # text blocks indexed per instance until it reports its block count
 DEAD_S = 1.7  # silent this long (no poll answered, no byte relayed): down (#24: within 2 s)
 
 log = logging.getLogger("laps_jax.router")
@@ -56,6 +58,7 @@ class Instance:
     models: dict | None = None      # its /v1/models answer
     max_model_len: int | None = None
     blocks: BlockIndex | None = None
+    texts: BlockIndex | None = None  # the text blocks routed here (prompts not tokenized)
     routed: int = 0
     load: LoadBook = dataclasses.field(default_factory=LoadBook)
     inflight: set = dataclasses.field(default_factory=set)  # futures set when it goes down
@@ -78,7 +81,7 @@ class Instance:
     def fail_inflight(self) -> None:
         """Ends every request in flight here: each proxy's wait for its answer races its
         future, and the future closes an answer already under way (proxy.py); the request
-        ends with 502, or an error event on a stream."""
+        goes on at another instance (failover.py)."""
         for fut in list(self.inflight):
             if not fut.done():
                 fut.set_result(None)
@@ -95,8 +98,9 @@ class Instance:
         self.load.clear()
         if self.pace is not None:
             self.pace.clear()
-        if self.blocks is not None:
-            self.blocks.clear()
+        for index in (self.blocks, self.texts):
+            if index is not None:
+                index.clear()
         self.models = None  # read again when it comes back (it may serve another model)
 
     def mark_unavailable(self, why: str) -> None:
@@ -114,6 +118,8 @@ class Instance:
         if report.block_size and (self.blocks is None or
                                   self.blocks.block_size != report.block_size):
             self.blocks = BlockIndex(report.block_size, report.num_blocks)
+        if self.texts is None:  # about one KV block per text block: as many as it holds
+            self.texts = BlockIndex(TEXT_BLOCK_BYTES, report.num_blocks or TEXT_BLOCKS)
 
     def status(self, group: str | None, draining: bool = False) -> dict:
         r = self.report
@@ -129,6 +135,7 @@ class Instance:
                 "routed": self.routed,
                 "block_size": r.block_size if r else None,
                 "indexed_blocks": len(self.blocks) if self.blocks is not None else 0,
+                "indexed_text_blocks": len(self.texts) if self.texts is not None else 0,
                 "waiting": r.waiting if r else None, "running": r.running if r else None,
                 "kv_cache_usage": r.kv_usage if r else None}
 

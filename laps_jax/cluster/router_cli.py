@@ -25,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "front of several serve.py instances, plus GET /router/status (each "
                     "instance's group, health and load as JSON). Instances are polled every "
                     "0.5 s; one that stops answering leaves the rotation within 2 s, its "
-                    "requests in flight end with 502 (streams: an error event), and it rejoins "
-                    "when healthy again.",
+                    "requests in flight go on at another instance (sent again if the client "
+                    "had no byte yet, streams resumed from the tokens already sent), and it "
+                    "rejoins when healthy again.",
         epilog="example: python scripts/router.py --instance http://127.0.0.1:8001 "
                "--instance http://127.0.0.1:8002 --tokenizer /path/to/model --port 8100")
     ap.add_argument("--instance", action="append", default=[], metavar="URL",
@@ -59,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the instances' model (or tokenizer) directory, or 'builtin' for "
                          "serve.py's default model: text prompts and chat messages are "
                          "tokenized as serve.py does, for prefix affinity and exact new-token "
-                         "counts; without it text length estimates the tokens and requests "
-                         "are routed without prefix affinity")
+                         "counts; without it text length estimates the tokens and prefix "
+                         "affinity keys on the prompt's text")
     ap.add_argument("--threshold", type=int, default=None,
                     help="new tokens at or under which a request is short (default: what the "
                          "instances report in /metrics as laps_short_threshold_tokens, from "
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
     ap.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no key)")
+                    help="require 'Authorization: Bearer KEY' on /v1/* and /router/status "
+                         "(/health and /metrics stay open; default: no key)")
     ap.add_argument("--instance-api-key", default=None,
                     help="the key the instances require, sent on requests to them")
     ap.add_argument("--max-inflight", type=int, default=256,

@@ -46,6 +46,12 @@ class RouterMetrics:
         self.requests = Counter("laps_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
         self.registry.register(_Instances(router))
+        self.retries = Counter("laps_router_retries", "Requests sent to another instance after "
+                               "theirs failed before any byte reached the client",
+                               registry=self.registry)
+        self.resumes = Counter("laps_router_resumes", "Streams resumed on another instance "
+                               "after theirs failed mid-way (cluster/failover.py)",
+                               registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

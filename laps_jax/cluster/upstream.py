@@ -11,7 +11,8 @@ without processes.
   instance, hashed as the engine hashes its prefix cache (`engine.kv_cache.block_hash`, the
   instance's block size), least recently used first out past the instance's block count, as
   the engine evicts. `cached_prefixes` turns the indexes into the "cached prefix of this prompt
-  on each instance" that the routing policy takes.
+  on each instance" that the routing policy takes. `text_hashes` / `matched_blocks` do the same
+  over a prompt's text, in blocks of bytes, when the router has no tokenizer.
 - `parse_metrics`: the gauges of an instance's /metrics text the router reads (with the
   instance's own short/long threshold, `laps_short_threshold_tokens`, and long chunk,
   `laps_long_chunk_tokens`).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import re
 from collections.abc import Sequence as Seq
 
@@ -140,7 +142,10 @@ class BlockIndex:
     def add(self, tokens: Seq[int]) -> None:
         """Records the full blocks of a prompt sent to the instance (they are the most recently
         used: a prefix shared with older prompts is refreshed)."""
-        for h in prompt_hashes(tokens, self.block_size):
+        self.add_hashes(prompt_hashes(tokens, self.block_size))
+
+    def add_hashes(self, hashes: Seq[bytes]) -> None:
+        for h in hashes:
             self._lru[h] = None
             self._lru.move_to_end(h)
         while self.capacity is not None and len(self._lru) > self.capacity:
@@ -170,6 +175,28 @@ def cached_prefixes(tokens: Seq[int], indexes: Seq[BlockIndex | None]) -> list[i
             for i in alive:
                 best[i] = (b + 1) * ps
     return best
+
+
+def text_hashes(text: str, block: int, limit: int) -> list[bytes]:
+    """The chained hashes of the full `block`-byte blocks of `text` in UTF-8 (at most `limit`):
+    the router's key for a prompt it cannot tokenize (`TEXT_BLOCK_BYTES` in instances.py)."""
+    data = text.encode("utf-8", "surrogatepass")
+    out, parent = [], b""
+    for start in range(0, min(len(data) // block, limit) * block, block):
+        parent = hashlib.blake2b(parent + data[start:start + block], digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+def matched_blocks(hashes: Seq[bytes], index: BlockIndex | None) -> int:
+    """How many of `hashes`, from the first, `index` holds."""
+    n = 0
+    if index is not None:
+        for h in hashes:
+            if h not in index:
+                break
+            n += 1
+    return n
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from laps_jax.engine.kv_transfer import KVTransfer
 from laps_jax.engine.packing import shortest_first
 from laps_jax.engine.paged import PagedSequences
 from laps_jax.engine.runner import ModelRunner, SeqInput, SeqOutput
+from laps_jax.engine.sampling import position_uniform
 from laps_jax.engine.settings import resolve as resolve_settings
 from laps_jax.engine.sequence import (TOP_P_FLOOR, SamplingParams, Sequence, Status,
                                       TokenLogprobs)
@@ -73,11 +74,9 @@ class Engine(PagedSequences):
         p = seq.params
         u = 0.0
         if p.temperature > 0 and start + n >= len(seq.prompt):
-            # drawn once per token and kept until the step succeeds: a step the scheduler
-            # retries without a failed batch-mate samples with the same number
-            if seq.next_u is None:
-                seq.next_u = float(seq.rng.random())
-            u = seq.next_u
+            # keyed by the position sampled: a retried step, or the sequence resumed elsewhere
+            # from its prompt and first tokens, samples with the same number
+            u = position_uniform(seq.seed, start + n)
         # the executables take int32 top-k and float32 top-p: a top-k past the vocabulary is no
         # limit, and a top-p under the floor keeps only the likeliest token (as greedy does)
         # instead of flushing to 0 and keeping none
@@ -98,7 +97,6 @@ class Engine(PagedSequences):
             inputs.append(self._input(seq, start, n, nxt))
         outs = self.runner.run(inputs, prompt_logprobs, bucket)
         for (seq, n), out in zip(work, outs):
-            seq.next_u = None
             seq.num_computed += n
             self.kv.commit(seq.pages, seq.prompt[:seq.num_computed])
             if seq.num_computed == len(seq.prompt):
@@ -118,7 +116,6 @@ class Engine(PagedSequences):
         outs = self.runner.run([self._input(s, s.num_tokens - 1, 1) for s in seqs], False,
                                bucket)
         for s, out in zip(seqs, outs):
-            s.next_u = None
             s.num_computed = s.num_tokens
             self._append(s, out)
         return outs

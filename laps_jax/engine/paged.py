@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
-
 from laps_jax.engine.kv_cache import KVCacheManager
 from laps_jax.engine.sequence import Sequence, Status
+
+SEED_LIMIT = 1 << 64
 
 
 class PagedSequences:
@@ -19,14 +19,16 @@ class PagedSequences:
 
     def admit(self, seq: Sequence) -> None:
         """Gives a waiting sequence its pages, reusing cached history. Raises OutOfPages, or
-        ValueError for a bad seed; either way before any page is taken, so nothing leaks."""
+        ValueError for a bad seed; either way before any page is taken, so nothing leaks.
+        A request without a seed gets a random one here (its draws: sampling.position_uniform)."""
         seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(63)
-        rng = np.random.default_rng(seed)
+        if not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be a non-negative integer under 2**64, got {seed}")
         pages = self.kv.allocate(seq.prompt)
         seq.pages, seq.num_computed = pages, pages.cached_len
         seq.cached_tokens = pages.cached_len
         seq.status = Status.PREFILL
-        seq.rng = rng
+        seq.seed = seed
 
     def release(self, seq: Sequence, reason: str | None = None) -> None:
         """Frees a sequence's pages (finished, aborted or disconnected)."""

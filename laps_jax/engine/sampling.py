@@ -1,9 +1,15 @@
 """Sampling inside the compiled step, so the host only ever waits for token ids.
 
-Every row carries its own temperature, top-k, top-p and one uniform number drawn on the host
-from the request's seeded generator; the token is picked by inverse CDF over the sorted,
-truncated distribution. (Drawing on the host keeps the PRNG out of the executables: threefry
-alone doubled their compile time on CPU.) A row with temperature 0 is greedy (argmax).
+Every row carries its own temperature, top-k, top-p and one uniform number made on the host
+from the request's seed and the position of the token it samples (`position_uniform`); the
+token is picked by inverse CDF over the sorted, truncated distribution. (Drawing on the host
+keeps the PRNG out of the executables: threefry alone doubled their compile time on CPU.) A row
+with temperature 0 is greedy (argmax).
+
+Keyed by position, not drawn in turn from a generator: the k-th token's draw does not depend on
+how the sequence got there, so a stream resumed elsewhere from its prompt plus its first k
+tokens (the router's failover), a prefill/decode hand-off, or a retried step samples what the
+uninterrupted request would have.
 Log-probs are of the model's own distribution (before temperature), as the OpenAI API reports.
 """
 
@@ -15,12 +21,26 @@ import jax
 import jax.numpy as jnp
 
 
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) that samples the token at `position` of a sequence under `seed`:
+    output `position` of SplitMix64 seeded with `seed` (a generator that passes BigCrush),
+    computed directly; 24 bits, so float32 holds it exactly and never rounds it up to 1."""
+    z = (seed + _GOLDEN * (position + 1)) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return ((z ^ (z >> 31)) >> 40) / float(1 << 24)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingArrays:
     temperature: jax.Array  # [B] f32, 0 = greedy
     top_k: jax.Array        # [B] i32, <= 0 = no limit
     top_p: jax.Array        # [B] f32 in (0, 1]
-    uniform: jax.Array      # [B] f32 in [0, 1), from the request's seeded generator
+    uniform: jax.Array      # [B] f32 in [0, 1): position_uniform(seed, position)
 
 
 jax.tree_util.register_dataclass(

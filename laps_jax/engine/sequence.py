@@ -6,8 +6,6 @@ import dataclasses
 import enum
 import itertools
 
-import numpy as np
-
 from laps_jax.engine.kv_cache import SeqPages
 
 _ids = itertools.count()
@@ -63,9 +61,8 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache
     status: Status = Status.WAITING
     finish_reason: str | None = None
-    rng: np.random.Generator | None = None  # seeded per request: same seed, same tokens
-    next_u: float | None = None  # uniform drawn for the next sampled token, kept until it is
-                                 # sampled (a retried step reuses it: same seed, same tokens)
+    seed: int | None = None  # the sampling seed (the client's, or drawn at admission): the
+                             # token at position i samples with position_uniform(seed, i)
     error: str | None = None     # why the engine could not run it (finish_reason "error")
 
     @property

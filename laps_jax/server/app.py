@@ -29,6 +29,7 @@ from laps_jax.server.metrics import ServerMetrics
 from laps_jax.server.output import (ResponseBuilder, TextStream, chat_logprobs,
                                     completion_logprobs, usage)
 from laps_jax.server.protocol import APIError, GenerationRequest, parse_request
+from laps_jax.server.resume import TOKEN_IDS_HEADER, ended, id_line, replay
 
 log = logging.getLogger("laps_jax.server")
 DISCONNECT_POLL_S = 0.25
@@ -54,6 +55,7 @@ class ServerState:
     stall_after_s: float = 60.0  # /health turns 503 after a lane is stuck this long
     parse_pool: concurrent.futures.ThreadPoolExecutor | None = None
     pd: object | None = None  # server/pd.py's PDServer on a prefill or decode instance
+    guarded: tuple[str, ...] = GUARDED  # path prefixes --api-key guards (the router adds its own)
 
 
 STATE = web.AppKey("state", ServerState)
@@ -69,7 +71,7 @@ async def errors_and_auth(request: web.Request, handler):
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "unknown"  # bounded label values
     try:
-        if state.api_key and request.path.startswith(GUARDED) and not _authorized(
+        if state.api_key and request.path.startswith(state.guarded) and not _authorized(
                 request.headers.get("Authorization", ""), state.api_key):
             raise APIError("missing or invalid API key (send 'Authorization: Bearer KEY')",
                            status=401, code="invalid_api_key")
@@ -197,7 +199,8 @@ async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     if PD_HEADER in request.headers:  # one half of a prefill/decode split (server/pd.py)
         from laps_jax.server.pd import pd_generate
         return await pd_generate(request, state, req)
-    return await respond(request, state, req, submit(state, req))
+    handle = ended(req, state.tokenizer, state.max_model_len) or submit(state, req)
+    return await respond(request, state, req, handle)
 
 
 async def respond(request: web.Request, state: ServerState, req: GenerationRequest,
@@ -267,13 +270,16 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    out = ResponseBuilder(req.kind, req.model)
+    r = req.resume  # a stream resumed here: its id, and its text so far replayed (resume.py)
+    out = ResponseBuilder(req.kind, req.model, *((r.id, r.created) if r is not None else ()))
     text = TextStream(state.tokenizer, req.stop)
+    ids = request.headers.get(TOKEN_IDS_HEADER) == "1"  # the router's: each token's id
 
-    async def send(obj) -> None:
-        await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+    async def send(obj, head: bytes = b"") -> None:
+        await resp.write(head + b"data: " + json.dumps(obj).encode() + b"\n\n")
 
-    n, offset, first = 0, 0, True
+    n = replay(text, req)
+    offset, first = text.emitted, n == 0
     async for ev in _events(handle, request):
         n += 1
         delta = text.push(ev.token_id)
@@ -281,13 +287,16 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
         if req.logprobs is not None:
             lp = (completion_logprobs(state.tokenizer, [ev], offset) if req.kind == "completion"
                   else chat_logprobs(state.tokenizer, [ev]))
+        head = id_line(ev.token_id) if ids else b""
         if delta or lp is not None or first or req.return_token_ids:
             choice = out.choice(delta, None, lp, True, first)
             if req.return_token_ids:
                 choice["token_ids"] = [ev.token_id]
-            await send(out.chunk(choice))
+            await send(out.chunk(choice), head)
             first = False
             offset += len(delta)
+        elif head:
+            await resp.write(head + b"\n")
         if text.stopped:
             handle.abort()
             break
@@ -300,7 +309,8 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
         return resp
     await send(out.chunk(out.choice(tail, _finish_reason(stats, text), None, True, first)))
     if req.include_usage:
-        await send(out.chunk(None, usage(len(req.prompt_ids), n, stats.cached_tokens)))
+        p = req.prompt_tokens
+        await send(out.chunk(None, usage(p, n, min(stats.cached_tokens, p))))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp

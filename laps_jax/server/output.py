@@ -82,10 +82,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 class ResponseBuilder:
     """Builds the JSON objects of one response (whole or streamed) in OpenAI's shapes."""
 
-    def __init__(self, kind: str, model: str):
+    def __init__(self, kind: str, model: str, id_: str | None = None,
+                 created: int | None = None):
+        """`id_` and `created`: a resumed stream's (server/resume.py); else new ones."""
         self.kind, self.model = kind, model
-        self.id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
+        new = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        self.id = id_ or new
+        self.created = int(time.time()) if created is None else created
         self.object = "text_completion" if kind == "completion" else "chat.completion"
 
     def _base(self, chunk: bool) -> dict:

@@ -10,12 +10,17 @@ a worker thread (app.py): a large prompt tokenizes without holding up the event 
 
 A `top_p` under `TOP_P_FLOOR` (1e-6) keeps only the likeliest token of any vocabulary, so it is
 served as greedy sampling (temperature 0) rather than refused.
+
+`laps_resume` (an extension the router sets when it resumes a stream whose instance failed,
+cluster/failover.py) carries the token ids the client already has and the response's id: they
+are appended to the prompt and taken off max_tokens, checked as a prompt's ids are.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any
 
 from laps_jax.engine.sequence import TOP_P_FLOOR, SamplingParams
@@ -24,6 +29,8 @@ from laps_jax.text.prompts import PromptError
 
 MAX_STOP = 4
 MAX_LOGPROBS = 20
+RESUME_ID = re.compile(r"(chat)?cmpl-[A-Za-z0-9]{1,64}")  # a response id, as output.py makes them
+CREATED_LIMIT = 1 << 40
 SEED_LIMIT = 2 ** 63  # seeds are in [0, 2**63): what numpy's generators take, and int64 holds
 # OpenAI fields this server does not implement, with the value that asks for nothing: any other
 # value is refused rather than silently ignored (the answer would not be what was asked for)
@@ -48,6 +55,15 @@ class APIError(Exception):
 
 
 @dataclasses.dataclass
+class Resume:
+    """A stream resumed here after its instance failed: what the client already got."""
+
+    token_ids: list[int]  # generated before the failure: the prompt's continuation
+    id: str               # the response's id and creation time, kept for the client
+    created: int
+
+
+@dataclasses.dataclass
 class GenerationRequest:
     kind: str                      # "completion" or "chat"
     prompt_ids: list[int]
@@ -58,6 +74,12 @@ class GenerationRequest:
     logprobs: int | None = None    # None = no logprobs; else how many top alternatives
     model: str = ""
     return_token_ids: bool = False  # extension: each choice carries "token_ids" (for replays)
+    resume: Resume | None = None   # extension `laps_resume`: prompt_ids end with its token ids
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The client's prompt (without the tokens a resumed stream already generated)."""
+        return len(self.prompt_ids) - (len(self.resume.token_ids) if self.resume else 0)
 
 
 def _field(body: dict, name: str, types, default=None, *, allow_none: bool = True):
@@ -203,6 +225,37 @@ def parse_request(body: Any, kind: str, *, vocab_size: int, tokenizer, max_model
     if not isinstance(include_usage, bool):
         raise APIError(f"'stream_options.include_usage' must be a boolean, got "
                        f"{type(include_usage).__name__}", param="stream_options.include_usage")
+    resume = _resume(body, kind, vocab_size, params.max_tokens, stream)
+    if resume is not None:
+        ids = ids + resume.token_ids
+        params.max_tokens -= len(resume.token_ids)
     return GenerationRequest(kind, ids, params, stream, include_usage, stops, logprobs,
                              model or served_names[0],
-                             _field(body, "return_token_ids", bool, False))
+                             _field(body, "return_token_ids", bool, False), resume)
+
+
+def _resume(body: dict, kind: str, vocab_size: int, max_tokens: int, stream: bool
+            ) -> Resume | None:
+    """`laps_resume`: {"token_ids": at most max_tokens ids in the vocabulary, "id": a response
+    id of this kind, "created": a time}, on streams only (the router resumes those)."""
+    r = body.get("laps_resume")
+    if r is None:
+        return None
+    if not stream:
+        raise APIError("'laps_resume' needs 'stream': true", param="laps_resume")
+    if not isinstance(r, dict) or set(r) != {"token_ids", "id", "created"}:
+        raise APIError("'laps_resume' must be an object of 'token_ids', 'id' and 'created'",
+                       param="laps_resume")
+    ids, rid, created = r["token_ids"], r["id"], r["created"]
+    if not (isinstance(ids, list) and len(ids) <= max_tokens and all(
+            type(t) is int and 0 <= t < vocab_size for t in ids)):
+        raise APIError(f"'laps_resume.token_ids' must be at most max_tokens ({max_tokens}) "
+                       f"token ids in [0, {vocab_size})", param="laps_resume.token_ids")
+    prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
+    if not (isinstance(rid, str) and RESUME_ID.fullmatch(rid) and rid.startswith(prefix)):
+        raise APIError(f"'laps_resume.id' must be a response id '{prefix}...', got "
+                       f"{_show(rid)}", param="laps_resume.id")
+    if not (type(created) is int and 0 <= created < CREATED_LIMIT):
+        raise APIError("'laps_resume.created' must be a time in seconds",
+                       param="laps_resume.created")
+    return Resume(list(ids), rid, created)
