@@ -29,6 +29,7 @@ from aiohttp import web
 from laps_jax.cluster.instances import Instance
 from laps_jax.cluster.proxy import InstanceDown, _gone_error, _Gone, _race, relay
 from laps_jax.cluster.upstream import cached_prefixes
+from laps_jax.server import pd_secret
 from laps_jax.server.protocol import APIError
 
 log = logging.getLogger("laps_jax.router")
@@ -45,8 +46,10 @@ def _least(cands: list[tuple[int, Instance]], score) -> tuple[int, Instance]:
 class PDSplit:
     """Which of the router's instances prefill and which decode, and the two legs."""
 
-    def __init__(self, router, num_prefill: int):
+    def __init__(self, router, num_prefill: int, secret: str):
         self.router = router
+        # every leg and release carries the split's secret (server/pd_secret.py)
+        self.headers = {**router.upstream_headers, pd_secret.HEADER: secret}
         self.prefill = list(range(num_prefill))
         self.decode = list(range(num_prefill, len(router.instances)))
         if not self.prefill or not self.decode:
@@ -69,10 +72,11 @@ class PDSplit:
         finally:  # the prefill leg's answer is its prefill done
             p.load.prefilled(ticket, time.monotonic())
         if status != 200:  # the instance's own answer (a 4xx for bad input reads the same)
-            return web.Response(body=body, status=status, content_type="application/json")
+            return web.Response(body=body, status=status, content_type="application/json",
+                                headers={"Retry-After": "1"} if status == 503 else None)
         hand = json.loads(body)
         uuid = (hand.get("handoff") or {}).get("uuid")
-        headers = {**r.upstream_headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand)}
+        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand)}
         tried: set[int] = set()
         try:
             while True:
@@ -99,7 +103,7 @@ class PDSplit:
         p.inflight.add(down)
         try:
             async with await _race(r.session.post(p.url + path, data=raw, headers={
-                    "Content-Type": "application/json", **r.upstream_headers,
+                    "Content-Type": "application/json", **self.headers,
                     PD_HEADER: "prefill"}), down) as up:
                 return up.status, await _race(up.read(), down)
         except (_Gone, aiohttp.ClientError) as e:
@@ -110,7 +114,7 @@ class PDSplit:
     async def _release(self, p: Instance, uuid: int) -> None:
         try:
             async with self.router.session.post(
-                    p.url + "/pd/release", json={"uuid": uuid}, headers=self.router.upstream_headers,
+                    p.url + "/pd/release", json={"uuid": uuid}, headers=self.headers,
                     timeout=aiohttp.ClientTimeout(total=5)) as up:
                 await up.read()
             self.released += 1
