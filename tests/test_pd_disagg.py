@@ -349,18 +349,28 @@ def test_dead_peer_handoffs_fail_fast_and_leave_genuine_requests_alone(trio, spl
     _pages_back_to_zero(procs["decode"], within=5.0)
 
 
-def test_prefill_legs_cannot_pin_the_whole_pool(trio):
+def test_prefill_legs_cannot_pin_the_whole_pool(trio, monkeypatch):
     """Raw prefill legs that nobody pulls pin at most --pd-max-pinned (half) of the pool,
     counted in /metrics; an ordinary request to the same instance still runs at once. (33 such
-    legs used to hold 3,927 of 4,096 pages, uncounted, and queue normal requests behind.)"""
+    legs used to hold 3,927 of 4,096 pages, uncounted, and queue normal requests behind.)
+    Its own prefill instance, whose offers wait 30 s: longer than the legs take to run."""
+    from server_utils import ServerProcess
+    path, _ = trio
+    monkeypatch.setenv("LAPS_PD_SECRET", SECRET)
+    p = ServerProcess(path, "--served-model-name", MODEL, "--role", "prefill", timeout=900)
+    try:
+        _pin_flood(p)
+    finally:
+        p.stop()
+
+
+def _pin_flood(p) -> None:
     import concurrent.futures
-    _, procs = trio
-    p = procs["prefill"]
     pool_pages = p.metric("laps_kv_pages_used") + p.metric("laps_kv_pages_free")
     legs = [[(i * 131 + j * 7) % 900 + 5 for j in range(470)] for i in range(14)]  # 59 pages
     leg = lambda prompt: post(p.url, "/v1/completions", {"prompt": prompt, "max_tokens": 4},
                               headers={**AUTH, "X-Laps-PD": "prefill"})
-    peak = 0.0
+    peak, released = 0.0, set()
     with concurrent.futures.ThreadPoolExecutor(14) as pool:
         futs = [pool.submit(leg, prompt) for prompt in legs]
         time.sleep(1.0)
@@ -368,12 +378,20 @@ def test_prefill_legs_cannot_pin_the_whole_pool(trio):
         status, body, _ = post(p.url, "/v1/completions",
                                {"prompt": list(range(500, 900)), "max_tokens": 4})
         assert status == 200 and time.time() - t0 < 3.0, (status, body, time.time() - t0)
+        t0 = time.time()
         while not all(f.done() for f in futs):
             peak = max(peak, p.metric("laps_kv_pages_used"))
             assert p.metric("laps_pd_pinned_pages") <= p.metric("laps_pd_pin_limit_pages")
+            if time.time() - t0 > 4.0:  # seen enough: release what was offered, as a router
+                for f in futs:
+                    if f.done() and f.result()[0] == 200 and id(f) not in released:
+                        released.add(id(f))
+                        post(p.url, "/pd/release", {"uuid": f.result()[1]["handoff"]["uuid"]},
+                             headers=AUTH)
             time.sleep(0.1)
-    assert 0 < p.metric("laps_pd_pin_limit_pages") <= pool_pages / 2
+    peak = max(peak, p.metric("laps_kv_pages_used"))  # (the last leg may just have ended)
     assert peak <= pool_pages // 2 + 60, (peak, pool_pages)  # the limit, plus one leg
+    assert 0 < p.metric("laps_pd_pin_limit_pages") <= pool_pages / 2
     for f in futs:
         status, body, headers = f.result()
         assert status == 200 or (status == 503 and headers.get("Retry-After")), body
