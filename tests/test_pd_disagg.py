@@ -395,3 +395,26 @@ def _pin_flood(p) -> None:
     for f in futs:
         status, body, headers = f.result()
         assert status == 200 or (status == 503 and headers.get("Retry-After")), body
+
+
+def test_the_offer_is_freed_once_pulled_not_when_the_decode_ends(trio, split):
+    """The decode instance releases the prefill's pages as soon as it has pulled them: while
+    the client still streams, the prefill instance holds none (they used to stay pinned for
+    the whole decode, which with the pin limit halved the split's concurrency)."""
+    _, procs = trio
+    seen = []
+
+    def on_line(i, payload):
+        if i == 3:
+            deadline = time.time() + 2.0
+            while procs["prefill"].metric("laps_kv_pages_used") and time.time() < deadline:
+                time.sleep(0.05)
+            seen.append((procs["prefill"].metric("laps_kv_pages_used"),
+                         split.router.split.released))
+
+    released = split.router.split.released
+    events = sse(split.url, "/v1/completions",
+                 {"model": MODEL, "prompt": list(range(600, 700)), "max_tokens": 120,
+                  "temperature": 0, "stream": True}, on_line=on_line)
+    assert events[-1] == "[DONE]" and len(events) > 5
+    assert seen == [(0.0, released)]  # freed, and not by the router (its release comes after)

@@ -6,9 +6,10 @@ offered on its transfer server, the first token sampled); then the same body goe
 instance with `X-Laps-PD: decode` and the descriptor, which pulls the K/V and answers the client
 as serve.py does, first token included: the client sees one ordinary OpenAI response or
 stream, passed through by `proxy.relay` (so a decode instance that dies mid-stream ends it with
-an error event, before it a JSON 502). Once the decode leg has ended, however it ended, the
-prefill instance is told to release its pages (`POST /pd/release`); its `--pd-timeout` frees
-them if that message is lost. A decode instance that refuses the connection is skipped for
+an error event, before it a JSON 502). The decode instance releases the prefill's pages as
+soon as it has pulled them (`X-Laps-PD-Release` names the prefill instance); once the decode
+leg has ended, however it ended, the router releases them too (`POST /pd/release`,
+idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. A decode instance that refuses the connection is skipped for
 another (the offer is still there).
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
@@ -34,6 +35,7 @@ from laps_jax.server.protocol import APIError
 
 log = logging.getLogger("laps_jax.router")
 PD_HEADER, HANDOFF_HEADER = "X-Laps-PD", "X-Laps-PD-Handoff"
+RELEASE_HEADER = "X-Laps-PD-Release"
 
 
 def _least(cands: list[tuple[int, Instance]], score) -> tuple[int, Instance]:
@@ -76,7 +78,8 @@ class PDSplit:
                                 headers={"Retry-After": "1"} if status == 503 else None)
         hand = json.loads(body)
         uuid = (hand.get("handoff") or {}).get("uuid")
-        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand)}
+        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand),
+                   RELEASE_HEADER: p.url}  # the decode side frees the offer once pulled
         tried: set[int] = set()
         try:
             while True:

@@ -14,8 +14,10 @@ key applies) with a header `X-Laps-PD`:
    pulls the pages from the prefill's transfer server into pages it reserved, then answers the
    client's request as serve.py does (JSON or a stream, every token, the first included). A
    failed pull is a JSON 502 `kv_transfer_failed` before anything is streamed.
-3. `POST /pd/release {"uuid": ...}` to the prefill instance (the router sends it once step 2
-   answered or failed): its pages go back to its prefix cache. Idempotent.
+3. `POST /pd/release {"uuid": ...}` to the prefill instance: its pages go back to its prefix
+   cache. The decode instance sends it as soon as its pull is done, to the prefill instance
+   the router names in `X-Laps-PD-Release` (so an offer pins pages for the pull, not for the
+   whole decode); the router sends it again once step 2 ended, however it ended. Idempotent.
 
 Every leg and release carries `X-Laps-PD-Secret` (`pd_secret.py`), checked with the role
 before the body is read: a leg without it is a 401, and nothing was spent on it. A hand-off is
@@ -26,6 +28,7 @@ pages stay taken, are 503 with Retry-After.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -40,6 +43,7 @@ from laps_jax.server.protocol import APIError, GenerationRequest
 
 log = logging.getLogger("laps_jax.server")
 HANDOFF_HEADER = "X-Laps-PD-Handoff"
+RELEASE_HEADER = "X-Laps-PD-Release"  # the prefill instance's base URL (the router's word)
 
 
 class PDServer:
@@ -54,6 +58,31 @@ class PDServer:
             if cfg.role == "prefill" else None
         self.adopter = Adopter(dispatcher, self.remote, cfg.timeout_s) \
             if cfg.role == "decode" else None
+        self._session = None  # aiohttp client for early releases (decode side)
+        self._releases: set[asyncio.Task] = set()
+
+    def release_early(self, base_url: str, uuid: int, api_key: str | None) -> None:
+        """Tells the prefill instance its offer was pulled (fire and forget: the router's own
+        release, and the offer's timeout, stand behind it)."""
+        if not base_url.startswith(("http://", "https://")) or len(base_url) > 2048:
+            return
+        task = asyncio.ensure_future(self._release(base_url.rstrip("/"), uuid, api_key))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, base_url: str, uuid: int, api_key: str | None) -> None:
+        import aiohttp
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        headers = {pd_secret.HEADER: self.secret}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        try:
+            async with self._session.post(base_url + "/pd/release", json={"uuid": uuid},
+                                          headers=headers) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            log.debug("early release of KV offer %d at %s failed: %s", uuid, base_url, e)
 
     def authorize(self, request: web.Request) -> None:
         if not pd_secret.matches(request.headers.get(pd_secret.HEADER), self.secret):
@@ -87,6 +116,8 @@ class PDServer:
             await self.offers.close()
         if self.adopter is not None:
             await self.adopter.close()
+        if self._session is not None:
+            await self._session.close()
 
 
 def pd_leg(request: web.Request, state: ServerState) -> Handoff | None:
@@ -161,6 +192,8 @@ async def _decode(request: web.Request, state: ServerState, req: GenerationReque
         raise _no_room(e) from None
     if handle.finished and handle.stats.finish_reason == "error":
         raise APIError(handle.error or "KV transfer failed", 502, "kv_transfer_failed")
+    if offer is not None and RELEASE_HEADER in request.headers:  # pulled: free it there now
+        state.pd.release_early(request.headers[RELEASE_HEADER], offer.uuid, state.api_key)
     return await respond(request, state, req, handle)
 
 
