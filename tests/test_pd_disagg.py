@@ -405,16 +405,16 @@ def test_the_offer_is_freed_once_pulled_not_when_the_decode_ends(trio, split):
     seen = []
 
     def on_line(i, payload):
-        if i == 3:
-            deadline = time.time() + 2.0
+        if i == 1:
+            deadline = time.time() + 1.0
             while procs["prefill"].metric("laps_kv_pages_used") and time.time() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.02)
             seen.append((procs["prefill"].metric("laps_kv_pages_used"),
                          split.router.split.released))
 
     released = split.router.split.released
     events = sse(split.url, "/v1/completions",
-                 {"model": MODEL, "prompt": list(range(600, 700)), "max_tokens": 120,
+                 {"model": MODEL, "prompt": list(range(600, 700)), "max_tokens": 400,
                   "temperature": 0, "stream": True}, on_line=on_line)
     assert events[-1] == "[DONE]" and len(events) > 5
     assert seen == [(0.0, released)]  # freed, and not by the router (its release comes after)
