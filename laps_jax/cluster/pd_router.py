@@ -9,8 +9,9 @@ stream, passed through by `proxy.relay` (so a decode instance that dies mid-stre
 an error event, before it a JSON 502). The decode instance releases the prefill's pages as
 soon as it has pulled them (`X-Laps-PD-Release` names the prefill instance); once the decode
 leg has ended, however it ended, the router releases them too (`POST /pd/release`,
-idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. A decode instance that refuses the connection is skipped for
-another (the offer is still there).
+idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. A decode
+instance that refuses the connection is skipped for another (the offer is still there).
+Every leg and release carries the split's secret (`server/pd_secret.py`).
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
 decode instances by the longest cached prefix of the prompt (a follow-up turn goes where its

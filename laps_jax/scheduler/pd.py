@@ -39,7 +39,8 @@ def add_args(g) -> None:
                    help="both: prefill and decode here (default); prefill: also offer a "
                         "request's KV pages to a decode instance when asked (the router's "
                         "--prefill); decode: also take requests prefilled elsewhere (--decode). "
-                        "prefill and decode start a JAX transfer server")
+                        "prefill and decode start a JAX transfer server, and need the "
+                        "split's secret (--pd-secret-file)")
     g.add_argument("--transfer-address", default=d.transfer_address, metavar="HOST:PORT",
                    help="where the transfer server listens (default 127.0.0.1:0: loopback, "
                         "any free port; use this machine's address for a peer elsewhere)")
