@@ -1,9 +1,9 @@
 """Decode side of the prefill/decode split: a request whose prefill ran on another instance.
 
 `Adopter.adopt` reserves pages for the prompt under the same admission rule as any request
-(waiting for pages up to `timeout_s`, woken by every release), pulls the offered K/V into them,
-registers them in its prefix cache, and decodes from the first token on. Any failure ends the
-request with an error and frees what it held.
+(waiting for pages up to `ROOM_WAIT` of `timeout_s`, woken by every release), pulls the
+offered K/V into them, registers them in its prefix cache, and decodes from the first token
+on. Any failure ends the request with an error and frees what it held.
 
 Pulls are bounded: a pull whose offer is gone never returns on its own (it blocks until the
 peer's process exits, `engine/kv_remote.py`), so its thread may be lost until then. Each pull
@@ -28,6 +28,7 @@ from laps_jax.scheduler.request import Request, RequestHandle
 log = logging.getLogger(__name__)
 PULLS_PER_PEER = 2  # pulls from one prefill peer at once
 MAX_THREADS = 16    # pull threads alive at once, stuck ones included
+ROOM_WAIT = 0.75    # share of --pd-timeout a decode leg waits for pages before its 503
 
 
 class PeerBusy(Exception):
@@ -90,7 +91,8 @@ class Adopter:
         for a release while they are taken: fits-and-admit runs on the engine thread in one
         go, so the lane's own admission cannot take them in between."""
         ex, seq = self.lane.executor, r.seq
-        deadline = time.monotonic() + self.timeout_s / 2  # the offer must outlive the wait
+        # the offer must outlive the wait and the pull: it was made a moment before this leg
+        deadline = time.monotonic() + self.timeout_s * ROOM_WAIT
         while not await ex.admit([seq]):
             left = deadline - time.monotonic()
             if left <= 0:
