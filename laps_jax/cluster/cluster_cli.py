@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log(f"error: {e}")
         return 2
+    if set(spec.role_list(n)) != {"both"}:
+        router_cli.share_pd_secret(serve_args, args.address, log)
     return run(spec, args, rflags, log)
+
 
 
 def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:

@@ -6,10 +6,12 @@ offered on its transfer server, the first token sampled); then the same body goe
 instance with `X-Laps-PD: decode` and the descriptor, which pulls the K/V and answers the client
 as serve.py does, first token included: the client sees one ordinary OpenAI response or
 stream, passed through by `proxy.relay` (so a decode instance that dies mid-stream ends it with
-an error event, before it a JSON 502). Once the decode leg has ended, however it ended, the
-prefill instance is told to release its pages (`POST /pd/release`); its `--pd-timeout` frees
-them if that message is lost. A decode instance that refuses the connection is skipped for
-another (the offer is still there).
+an error event, before it a JSON 502). The decode instance releases the prefill's pages as
+soon as it has pulled them (`X-Laps-PD-Release` names the prefill instance); once the decode
+leg has ended, however it ended, the router releases them too (`POST /pd/release`,
+idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. A decode
+instance that refuses the connection is skipped for another (the offer is still there).
+Every leg and release carries the split's secret (`server/pd_secret.py`).
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
 decode instances by the longest cached prefix of the prompt (a follow-up turn goes where its
@@ -29,10 +31,12 @@ from aiohttp import web
 from laps_jax.cluster.instances import Instance
 from laps_jax.cluster.proxy import InstanceDown, _gone_error, _Gone, _race, relay
 from laps_jax.cluster.upstream import cached_prefixes
+from laps_jax.server import pd_secret
 from laps_jax.server.protocol import APIError
 
 log = logging.getLogger("laps_jax.router")
 PD_HEADER, HANDOFF_HEADER = "X-Laps-PD", "X-Laps-PD-Handoff"
+RELEASE_HEADER = "X-Laps-PD-Release"
 
 
 def _least(cands: list[tuple[int, Instance]], score) -> tuple[int, Instance]:
@@ -45,8 +49,10 @@ def _least(cands: list[tuple[int, Instance]], score) -> tuple[int, Instance]:
 class PDSplit:
     """Which of the router's instances prefill and which decode, and the two legs."""
 
-    def __init__(self, router, num_prefill: int):
+    def __init__(self, router, num_prefill: int, secret: str):
         self.router = router
+        # every leg and release carries the split's secret (server/pd_secret.py)
+        self.headers = {**router.upstream_headers, pd_secret.HEADER: secret}
         self.prefill = list(range(num_prefill))
         self.decode = list(range(num_prefill, len(router.instances)))
         if not self.prefill or not self.decode:
@@ -69,10 +75,12 @@ class PDSplit:
         finally:  # the prefill leg's answer is its prefill done
             p.load.prefilled(ticket, time.monotonic())
         if status != 200:  # the instance's own answer (a 4xx for bad input reads the same)
-            return web.Response(body=body, status=status, content_type="application/json")
+            return web.Response(body=body, status=status, content_type="application/json",
+                                headers={"Retry-After": "1"} if status == 503 else None)
         hand = json.loads(body)
         uuid = (hand.get("handoff") or {}).get("uuid")
-        headers = {**r.upstream_headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand)}
+        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand),
+                   RELEASE_HEADER: p.url}  # the decode side frees the offer once pulled
         tried: set[int] = set()
         try:
             while True:
@@ -99,7 +107,7 @@ class PDSplit:
         p.inflight.add(down)
         try:
             async with await _race(r.session.post(p.url + path, data=raw, headers={
-                    "Content-Type": "application/json", **r.upstream_headers,
+                    "Content-Type": "application/json", **self.headers,
                     PD_HEADER: "prefill"}), down) as up:
                 return up.status, await _race(up.read(), down)
         except (_Gone, aiohttp.ClientError) as e:
@@ -110,7 +118,7 @@ class PDSplit:
     async def _release(self, p: Instance, uuid: int) -> None:
         try:
             async with self.router.session.post(
-                    p.url + "/pd/release", json={"uuid": uuid}, headers=self.router.upstream_headers,
+                    p.url + "/pd/release", json={"uuid": uuid}, headers=self.headers,
                     timeout=aiohttp.ClientTimeout(total=5)) as up:
                 await up.read()
             self.released += 1

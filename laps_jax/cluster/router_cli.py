@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import logging
 import math
+import os
+import secrets
 import signal
 import sys
 
 from aiohttp import web
 
 from laps_jax.cluster.pace import FORGET_S, PACE_WEIGHT
+from laps_jax.server import pd_secret
 
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load"}
@@ -38,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "the other, its K/V pulled across (cluster/pd_router.py)")
     ap.add_argument("--decode", action="append", default=[], metavar="URL",
                     help="a serve.py --role decode instance (repeat)")
+    ap.add_argument("--pd-secret-file", default=None, metavar="PATH",
+                    help="with --prefill/--decode: a file holding the secret the router and "
+                         "the split's instances share (it opens their legs); else the "
+                         "LAPS_PD_SECRET environment variable, else --instance-api-key; with "
+                         "none of them the router refuses to start")
     ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps",
                     help="laps (default): the instance where the request's prefill is "
                          "predicted to finish first (the history holder counts only the new "
@@ -151,6 +159,9 @@ def make_router(args):
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
         raise ValueError(f"--no-affinity applies to {', '.join(AFFINITY_POLICIES)}, "
                          f"not --policy {args.policy}")
+    secret = None
+    if args.prefill:  # refused now, before anything starts, when the split has no secret
+        secret = pd_secret.resolve(args.pd_secret_file, args.instance_api_key)
     config = RouterConfig(policy=POLICY_NAMES[args.policy])
     if args.no_affinity:
         config.affinity_ratio = None
@@ -166,9 +177,24 @@ def make_router(args):
                         hold_tokens=args.hold_tokens)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
-        router.split = PDSplit(router, len(args.prefill))
+        router.split = PDSplit(router, len(args.prefill), secret)
     return router
 
+
+def share_pd_secret(serve_args: list[str], address: str | None, log) -> None:
+    """A split's legs need a secret the router and the instances share (server/pd_secret.py):
+    without LAPS_PD_SECRET, --pd-secret-file or --api-key one is made for this deployment and
+    handed over in the environment (a command line is visible to every user: `ps`), which
+    the instances of a Ray cluster this launcher starts inherit. A cluster that runs already
+    (--address) does not: its nodes need LAPS_PD_SECRET set, or an --api-key."""
+    if os.environ.get(pd_secret.ENV) or any(
+            a.split("=")[0] in ("--pd-secret-file", "--api-key") for a in serve_args):
+        return
+    if address:
+        log(f"warning: a prefill/decode split on an existing Ray cluster needs "
+            f"{pd_secret.ENV} set on its nodes (or --api-key after '--'); the instances "
+            f"refuse to start without one")
+    os.environ[pd_secret.ENV] = secrets.token_urlsafe(32)
 
 async def serve(args, log, on_app=None) -> int:
     """Serves until SIGTERM or SIGINT. `on_app(app)`, if given, may add routes and start-up

@@ -12,7 +12,9 @@ scatters them with `KVTransfer.import_`. The descriptor that travels between the
 Found on jax 0.10.2's CPU backend (two processes): a pull of a live offer works; `await_pull`'s
 timeout drops the offer, but a pull whose offer is gone (or never came) blocks until the
 peer's process exits, whatever `pull`'s own timeout says. So the puller bounds the wait itself
-(`scheduler/pd.py`) and the offerer passes its deadline to `await_pull` so the copy is dropped.
+(`scheduler/pd_adopt.py`) and the offerer passes its deadline to `await_pull` so the copy is
+dropped. A pull from an address where nothing listens blocks the same way: `pull` first opens a
+plain TCP connection there (`CONNECT_TIMEOUT_S`), so a dead peer fails at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import secrets
+import socket
 import threading
 
 import jax
@@ -27,6 +30,9 @@ from jax.experimental import transfer as jax_transfer
 
 from laps_jax.engine.kv_transfer import KVPages, export_sequence
 from laps_jax.engine.sequence import Sequence
+
+CONNECT_TIMEOUT_S = 2.0
+MAX_UUID = 1 << 62
 
 
 @dataclasses.dataclass
@@ -50,9 +56,29 @@ class Offer:
                     int(d["num_tokens"]), [int(x) for x in d["shape"]], str(d["dtype"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"bad KV hand-off descriptor: {type(e).__name__}: {e}") from None
-        if len(o.shape) != 5 or o.num_pages < 1 or o.num_tokens < 1:
-            raise ValueError(f"bad KV hand-off descriptor: {d}")
+        host, _, port = o.address.rpartition(":")
+        if (len(o.shape) != 5 or o.num_pages < 1 or o.num_tokens < 1 or not host
+                or not port.isdigit() or not 0 < int(port) < 65536
+                or not 0 <= o.uuid < MAX_UUID):
+            raise ValueError(f"bad KV hand-off descriptor: {str(d)[:300]}")
         return o
+
+
+def expected_shape(engine, num_pages: int) -> tuple[list[int], str]:
+    """The shape and dtype of the K (and V) arrays an offer of `num_pages` pages holds."""
+    r = engine.runner
+    return ([r.cfg.num_layers, engine.transfer.bucket(num_pages), r.page_size,
+             r.cfg.num_kv_heads, r.cfg.head_dim], str(r.kv_dtype))
+
+
+def _reachable(address: str) -> None:
+    """Raises ConnectionError at once when nothing listens at `address` (a pull there would
+    block until this process exits)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConnectionError(f"the transfer server at {address} is unreachable: {e}") from None
 
 
 def _transport(address: str) -> str:
@@ -101,14 +127,14 @@ class RemoteKV:
     def pull(self, engine, offer: Offer) -> KVPages:
         """The offered K/V, on this engine's device (blocks; run it off the engine thread)."""
         r = engine.runner
-        want = [r.cfg.num_layers, engine.transfer.bucket(offer.num_pages), r.page_size,
-                r.cfg.num_kv_heads, r.cfg.head_dim]
-        if offer.shape != want or offer.dtype != str(r.kv_dtype):
+        want, dtype = expected_shape(engine, offer.num_pages)
+        if offer.shape != want or offer.dtype != dtype:
             raise ValueError(f"the offered K/V is {offer.dtype}{offer.shape}, this engine "
                              f"holds {r.kv_dtype}{want}: both instances need the same model, "
                              f"--dtype, --page-size and --max-model-len")
         sharding = jax.tree.leaves(r.k_cache)[0].sharding
         spec = jax.ShapeDtypeStruct(tuple(want), r.kv_dtype, sharding=sharding)
+        _reachable(offer.address)
         k, v = self._conn(offer.address).pull(offer.uuid, [spec, spec])
         jax.block_until_ready((k, v))
         return KVPages(k, v, offer.num_pages, offer.num_tokens)
@@ -122,4 +148,4 @@ def place(engine, seq: Sequence, data: KVPages) -> None:
     engine.kv.commit(pages, seq.prompt[:data.num_tokens])
 
 
-__all__ = ["Offer", "RemoteKV", "place"]
+__all__ = ["Offer", "RemoteKV", "expected_shape", "place"]

@@ -191,7 +191,7 @@ class Dispatcher:
         src.wake.set()
         if new is None:
             if r.aborted:
-                await src.executor.release([r.seq], "abort")
+                await src.release([r.seq], "abort")
             else:
                 src.decoding.append(r)
             return
@@ -201,12 +201,13 @@ class Dispatcher:
         old, r.seq.pages = r.seq.pages, new
         r.lane = dst
         if r.aborted:  # aborted while copying: nothing was released yet
-            await dst.executor.release([r.seq], "abort")
+            await dst.release([r.seq], "abort")
         else:
             dst.counters.handoffs_in += 1
             dst.decoding.append(r)
             dst.wake.set()
         await src.executor.release_pages(old)
+        src.pages_freed()
 
     def _on_finish(self, r: Request) -> None:
         self.live.pop(r.stats.request_id, None)

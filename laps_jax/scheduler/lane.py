@@ -56,6 +56,7 @@ class Lane:
         # before its event loop runs, and a simulated clock reads the loop's time)
         self.last_progress: float | None = None
         self._failures = 0  # loop failures in a row (each waits longer before the next try)
+        self._page_waiters: list[asyncio.Future] = []  # wait_for_pages() callers
 
     # -- from the dispatcher --------------------------------------------------------------
     def submit(self, r: Request) -> None:
@@ -75,11 +76,44 @@ class Lane:
         if r in self.decoding:
             self.decoding.remove(r)
         if r not in self.inflight and r not in self.moving and r.seq.pages is not None:
-            task = asyncio.ensure_future(self.executor.release([r.seq], "abort"))
+            task = asyncio.ensure_future(self.release([r.seq], "abort"))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         self._finish(r, "abort")
         self.wake.set()
+
+    # -- pages freed: whoever waits for them runs now -------------------------------------
+    async def release(self, seqs: list, reason: str) -> None:
+        """Frees `seqs`' pages and wakes what waits for pages. Every release outside a step
+        goes through here: a request queued for admission waits on `wake`, and nothing else
+        would wake it (an idle lane with a queue that does not fit sleeps until an event)."""
+        try:
+            await self.executor.release(seqs, reason)
+        finally:
+            self.pages_freed()
+
+    def pages_freed(self) -> None:
+        self.wake.set()
+        self._notify_waiters()
+
+    def _notify_waiters(self) -> None:
+        waiters, self._page_waiters = self._page_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    async def wait_for_pages(self, timeout: float) -> None:
+        """Returns when pages may have been freed (a release, or a step that may have
+        finished requests), or after `timeout` seconds; the caller checks again."""
+        f = asyncio.get_running_loop().create_future()
+        self._page_waiters.append(f)
+        try:
+            await asyncio.wait_for(f, max(timeout, 0.0))
+        except TimeoutError:
+            pass
+        finally:
+            if f in self._page_waiters:
+                self._page_waiters.remove(f)
 
     def has_work(self) -> bool:
         return bool(self.incoming or self.decoding or self.inflight or self.moving
@@ -113,6 +147,7 @@ class Lane:
                     # what the loop spent around the step: admission, planning, thread hops
                     self.counters.host_seconds += max(0.0, self.clock.now() - start - step_s)
                     self.last_progress = self.clock.now()
+                    self._notify_waiters()  # the step may have finished requests
                 else:
                     if self.stopping and not self.has_work():
                         return
@@ -157,7 +192,7 @@ class Lane:
                 self._finish(r, "error")
                 continue
             if r.aborted:
-                await self.executor.release([r.seq], "abort")
+                await self.release([r.seq], "abort")
                 continue
             st = r.stats
             st.admitted, st.cached_tokens = now, r.seq.cached_tokens
@@ -183,7 +218,7 @@ class Lane:
         for r, _ in plan.work:
             r.last_served = now
             if r.aborted:
-                await self.executor.release([r.seq], "abort")
+                await self.release([r.seq], "abort")
                 continue
             if r.done:  # failed in the step, already answered and released
                 continue
@@ -228,7 +263,7 @@ class Lane:
         # appends to `decoding` meanwhile, and an older copy of the list would drop it
         self.decoding = [r for r in self.decoding if r not in ran and not r.aborted] + kept
         if aborted:
-            await self.executor.release([r.seq for r in aborted], "abort")
+            await self.release([r.seq for r in aborted], "abort")
         return sum(info.seconds for info in infos)
 
     # -- results --------------------------------------------------------------------------
@@ -269,5 +304,5 @@ class Lane:
             r.error = r.error or message
             r.seq.finish_reason = reason
             if r.seq.pages is not None:
-                await self.executor.release([r.seq], reason)
+                await self.release([r.seq], reason)
             self._finish(r, reason)

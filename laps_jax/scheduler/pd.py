@@ -4,23 +4,21 @@ A *prefill* instance runs the request's prefill as any other (LAPS pools, first 
 then, instead of decoding, offers its K/V pages on the process's transfer server
 (`engine/kv_remote.py`) and finishes the request with the offer as its result; the pages stay
 pinned (`Offers.held`) until the decode side says it has them (`release`) or `timeout_s`
-passes. A *decode* instance adopts the request (`adopt`): reserves pages for the prompt under
-the same admission rule as any request, pulls the offered K/V into them (bounded by
-`timeout_s`: a pull whose offer is gone never returns on its own), registers them in its prefix
-cache, and decodes from the first token on. Any failure ends the request with an error and
-frees what it held. JAX-free: the engine calls go through the executor's worker thread.
+passes. Prefill legs and their offers together may pin at most `max_pinned` of the pool
+(`Offers.wait_room`): a leg beyond it waits for pages, then is refused, so a flood of legs that
+nobody pulls cannot starve ordinary requests. Every release wakes the lane (`Lane.release`).
+The decode side is `pd_adopt.py`. JAX-free: engine calls go through the executor's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import time
 
-from laps_jax.engine.sequence import SamplingParams, Status, TokenLogprobs
-from laps_jax.scheduler.request import Request, RequestHandle
+from laps_jax.engine.sequence import Status
+from laps_jax.scheduler.request import Request
 
 log = logging.getLogger(__name__)
 ROLES = ("both", "prefill", "decode")
@@ -31,6 +29,8 @@ class PDConfig:
     role: str = "both"
     transfer_address: str = "127.0.0.1:0"
     timeout_s: float = 30.0  # an offer nobody pulls, or a pull that does not come, ends here
+    max_pinned: float = 0.5  # share of the KV pool prefill legs and their offers may hold
+    secret_file: str | None = None  # where the split's shared secret is (pd_secret.py)
 
 
 def add_args(g) -> None:
@@ -39,19 +39,38 @@ def add_args(g) -> None:
                    help="both: prefill and decode here (default); prefill: also offer a "
                         "request's KV pages to a decode instance when asked (the router's "
                         "--prefill); decode: also take requests prefilled elsewhere (--decode). "
-                        "prefill and decode start a JAX transfer server")
+                        "prefill and decode start a JAX transfer server, and need the "
+                        "split's secret (--pd-secret-file)")
     g.add_argument("--transfer-address", default=d.transfer_address, metavar="HOST:PORT",
                    help="where the transfer server listens (default 127.0.0.1:0: loopback, "
                         "any free port; use this machine's address for a peer elsewhere)")
     g.add_argument("--pd-timeout", type=float, default=d.timeout_s,
                    help="seconds an offered KV copy waits for its pull, and a pull for its "
                         f"data, before the pages are freed (default {d.timeout_s:g})")
+    g.add_argument("--pd-max-pinned", type=float, default=d.max_pinned, metavar="FRACTION",
+                   help="--role prefill: share of the KV pool that prefill legs and their "
+                        "offers waiting for a pull may hold; a leg beyond it waits for pages "
+                        "(up to --pd-timeout), then gets 503 with Retry-After, so ordinary "
+                        f"requests always keep the rest (default {d.max_pinned:g})")
+    g.add_argument("--pd-secret-file", default=d.secret_file, metavar="PATH",
+                   help="--role prefill/decode: a file holding the secret the router and "
+                        "every instance of the split share; legs and hand-offs without it "
+                        "are refused (401). Else the LAPS_PD_SECRET environment variable, "
+                        "else --api-key; with none of them a prefill or decode instance "
+                        "refuses to start")
 
 
 def from_args(args) -> PDConfig:
     if args.pd_timeout <= 0:
         raise ValueError("--pd-timeout must be positive")
-    return PDConfig(args.role, args.transfer_address, args.pd_timeout)
+    if not 0 < args.pd_max_pinned <= 1:
+        raise ValueError("--pd-max-pinned must be in (0, 1]")
+    return PDConfig(args.role, args.transfer_address, args.pd_timeout, args.pd_max_pinned,
+                    args.pd_secret_file)
+
+
+class NoRoom(Exception):
+    """The split's pages are taken: the leg is refused (503 with Retry-After), nothing held."""
 
 
 @dataclasses.dataclass
@@ -63,12 +82,42 @@ class Held:
 class Offers:
     """Prefill side: requests whose K/V is offered, their pages pinned until released."""
 
-    def __init__(self, dispatcher, remote, timeout_s: float):
+    def __init__(self, dispatcher, remote, timeout_s: float, max_pinned: float = 0.5):
         self.dispatcher, self.remote, self.timeout_s = dispatcher, remote, timeout_s
         self.lane = dispatcher.lanes[0]
         self.held: dict[int, Held] = {}
+        self.legs: dict[Request, int] = {}  # prefill legs (running or held): their pages
+        kv = self.lane.executor.engine.kv
+        self.page_size = kv.page_size
+        self.limit = max(1, int(max_pinned * (kv.num_pages - 1)))  # page 0 is nobody's
         self._tasks: set[asyncio.Task] = set()
         self.lane.handoff = self._hook
+
+    def pinned_pages(self) -> int:
+        """Pages the split's prefill legs hold or will hold: running ones, offered ones."""
+        held = {h.request for h in self.held.values()}
+        self.legs = {r: n for r, n in self.legs.items()
+                     if (not r.done and not r.aborted) or r in held}
+        return sum(self.legs.values())
+
+    async def wait_room(self, prompt_len: int) -> int:
+        """Waits (at most `timeout_s`) until a leg of `prompt_len` tokens fits under the pin
+        limit; returns its pages for `track`. Raises NoRoom. A leg larger than the limit runs
+        alone. The caller submits and tracks it with no await in between."""
+        need = -(-(prompt_len + 1) // self.page_size)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            pinned = self.pinned_pages()
+            if pinned + need <= self.limit or pinned == 0:
+                return need
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoRoom(f"prefill legs hold {pinned} KV pages, the split's limit is "
+                             f"{self.limit} (--pd-max-pinned); retry shortly")
+            await self.lane.wait_for_pages(left)
+
+    def track(self, r: Request, pages: int) -> None:
+        self.legs[r] = pages
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -78,6 +127,9 @@ class Offers:
     def _hook(self, r: Request) -> bool:
         if not r.pd_offer:
             return False  # an ordinary request decodes here
+        # it never decodes here: it reserves no growth (Admission counts unfinished ones), its
+        # pages are freed by release() alone
+        r.seq.status = Status.FINISHED
         self.lane.moving.add(r)
         self._spawn(self._offer(r))
         return True
@@ -93,7 +145,7 @@ class Offers:
             return
         self.lane.moving.discard(r)
         if r.aborted:  # the client left while the copy was made
-            await ex.release([r.seq], "abort")
+            await self.lane.release([r.seq], "abort")
             return
         r.handoff = offer.to_json()
         self.held[offer.uuid] = Held(r, time.monotonic() + self.timeout_s)
@@ -112,77 +164,9 @@ class Offers:
         held = self.held.pop(uuid, None)
         if held is None:
             return False
-        await self.lane.executor.release([held.request.seq], "handoff")
+        await self.lane.release([held.request.seq], "handoff")  # wakes what waits for pages
         return True
 
     async def close(self) -> None:
         for uuid in list(self.held):
             await self.release(uuid)
-
-
-class Adopter:
-    """Decode side: takes requests whose prefill ran elsewhere."""
-
-    def __init__(self, dispatcher, remote, timeout_s: float):
-        self.dispatcher, self.remote, self.timeout_s = dispatcher, remote, timeout_s
-        self.lane = dispatcher.lanes[0]
-        # pulls block until their data comes (or the peer exits): never on the engine thread
-        self._pulls = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="laps-pull")
-
-    async def adopt(self, prompt: list[int], params: SamplingParams, first: TokenLogprobs,
-                    offer, finish_reason: str | None = None) -> RequestHandle:
-        """Pulls `offer` into pages reserved here and decodes on from `first`. Returns once
-        the K/V is in place (or the request failed: its handle then ends with the error).
-        Without an offer the first token ended the request (`finish_reason`): it is answered
-        with that token alone."""
-        d = self.dispatcher
-        r = d.register(list(prompt), params)
-        stats, now = r.stats, r.stats.submitted
-        r.lane, stats.lane = self.lane, self.lane.name
-        if offer is None:
-            r.seq.output.append(first.token_id)
-            r.seq.logprobs.append(first)
-            r.seq.finish_reason, r.seq.status = finish_reason, Status.FINISHED
-            self.lane._deliver(r, now)
-            return r.handle
-        self.lane.moving.add(r)  # an abort meanwhile leaves the pages to us
-        try:
-            await self._pull(r, first, offer)
-        except Exception as e:  # noqa: BLE001 - answered as this request's error
-            self.lane.moving.discard(r)
-            why = "timed out" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-            await self.lane._fail([r], "error", f"KV pull failed: {why}")
-            return r.handle
-        self.lane.moving.discard(r)
-        if r.aborted:
-            await self.lane.executor.release([r.seq], "abort")
-            return r.handle
-        stats.admitted = stats.prefill_done = d.clock.now()
-        stats.cached_tokens = r.seq.cached_tokens
-        self.lane._deliver(r, d.clock.now())  # the first token (sampled on the prefill side)
-        self.lane.decoding.append(r)
-        self.lane.wake.set()
-        return r.handle
-
-    async def _pull(self, r: Request, first: TokenLogprobs, offer) -> None:
-        from laps_jax.engine import kv_remote  # JAX: only on an instance that runs one
-        ex, seq = self.lane.executor, r.seq
-        if not ex.admission.fits(seq):
-            raise RuntimeError("no room: the KV pages this request needs are taken")
-        await ex.call(ex.engine.admit, seq)  # pages (reusing cached history), its seeded rng
-        ex.admission.live.append(seq)
-        loop = asyncio.get_running_loop()
-        try:
-            data = await asyncio.wait_for(loop.run_in_executor(
-                self._pulls, self.remote.pull, ex.engine, offer), self.timeout_s)
-            await ex.call(kv_remote.place, ex.engine, seq, data)
-        except BaseException:
-            self.remote.forget(offer.address)
-            raise
-        seq.num_computed = len(seq.prompt)
-        seq.status = Status.DECODE
-        seq.output.append(first.token_id)
-        seq.logprobs.append(first)
-
-    async def close(self) -> None:
-        self._pulls.shutdown(wait=False, cancel_futures=True)

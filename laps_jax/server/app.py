@@ -193,12 +193,15 @@ async def _events(handle, request: web.Request):
 
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE]
+    hand = pd = None
+    if PD_HEADER in request.headers:  # one half of a prefill/decode split (server/pd.py):
+        from laps_jax.server import pd  # role, secret, hand-off checked before the body
+        hand = pd.pd_leg(request, state)
     raw = await _read_body(request, state.read_timeout_s)
     req = await asyncio.get_running_loop().run_in_executor(
         state.parse_pool, functools.partial(_parse, raw, kind, state))
-    if PD_HEADER in request.headers:  # one half of a prefill/decode split (server/pd.py)
-        from laps_jax.server.pd import pd_generate
-        return await pd_generate(request, state, req)
+    if pd is not None:
+        return await pd.pd_generate(request, state, req, hand)
     handle = ended(req, state.tokenizer, state.max_model_len) or submit(state, req)
     return await respond(request, state, req, handle)
 
@@ -368,6 +371,8 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
     app.router.add_get("/metrics", metrics)
     if state.pd is not None:
         app.router.add_post("/pd/release", state.pd.release_route)
+        if hasattr(state.metrics, "registry"):
+            state.metrics.registry.register(state.pd)  # its pinned pages, beside the pool's
     from laps_jax.server.sglang_api import add_sglang_routes  # (it imports this module)
     add_sglang_routes(app)
     return app

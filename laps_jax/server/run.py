@@ -70,6 +70,10 @@ async def serve(args, log) -> int:
     from laps_jax.server.shutdown import shut_down
 
     t0 = time.perf_counter()
+    secret = None
+    if args.role != "both":  # no open split: refused before minutes of compiling
+        from laps_jax.server.pd_secret import resolve
+        secret = resolve(args.pd_secret_file, args.api_key)
     if args.latency_profile:  # a wrong path fails now, not after minutes of compiling
         from laps_jax.scheduler.profiling import read_profile
         read_profile(args.latency_profile)
@@ -101,7 +105,7 @@ async def serve(args, log) -> int:
                              "--mode laps-spatial")
         log("compiling and running the KV hand-off copies")
         await dispatcher.lanes[0].executor.warmup_transfer()
-        state.pd = PDServer(pd_config(args), dispatcher)
+        state.pd = PDServer(pd_config(args), dispatcher, secret)
         log(f"role {args.role}: KV transfer server at {state.pd.remote.address}")
     # full collections no longer walk the model (no 1 s loop stalls); before the app starts,
     # so the collection it makes first is not one of them
