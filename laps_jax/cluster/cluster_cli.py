@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(spec, args, rflags, log)
 
 
-
 def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
     from laps_jax.cluster.ray_cluster import attach, connect, loopback_only, place, stop_all
     if not args.address:
