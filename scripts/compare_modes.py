@@ -62,7 +62,8 @@ def parse(argv):
     s.add_argument("--variant", action="append", default=[], metavar="NAME=MODE:KEY=VALUE,...",
                    help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
                         "settings changed, named NAME, with its own ratio to mixed; e.g. "
-                        "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
+                        "laps-srpt=laps:order=srpt,max_wait_s=1.5, or a well-ordered single "
+                        "queue, hrrn=mixed:order=ratio (keys: order, cross_pool, "
                         "threshold, window_mode, long_budget_tokens, long_chunk_ratio, "
                         "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s, fill_rows, "
                         "fill_slack, overload_requests: a count or off, overload_check). "
@@ -124,7 +125,8 @@ def main_http(args) -> int:
                   str(e.max_prefill_batch), "--max-decode-batch", str(e.max_decode_batch)]
     if args.threshold is not None:
         serve_args += ["--threshold", str(args.threshold)]
-    serve_args += ["--order", args.order]
+    # --order is laps' here: mixed stays the FCFS baseline (serve.py would order its queue)
+    laps_args = ["--order", args.order] if args.order is not None else []
     if args.profile:
         serve_args += ["--latency-profile", args.profile]
     if e.layer_loop:
@@ -138,7 +140,7 @@ def main_http(args) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     out = run_http_comparison(work, HttpCompareOptions(
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py"), serve_args, modes,
-        args.http_slo_ms), lambda m: print(m, file=sys.stderr, flush=True))
+        args.http_slo_ms, laps_args=laps_args), lambda m: print(m, file=sys.stderr, flush=True))
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "comparison.json"), "w") as f:
         json.dump(out, f, indent=1)

@@ -136,7 +136,7 @@ def instance_spec(args, src: hardware.ModelSource, mode: str = "laps") -> Instan
     grid = GridSpec(args.max_chunk, 16, args.max_prefill_batch, args.max_decode_batch,
                     args.budget_tokens, None if args.pow2_widths else
                     tuple(w for w in GPU_WIDTHS if w <= args.max_chunk) + (args.max_chunk,))
-    sched = scheduler_flags.from_args(args)
+    sched = scheduler_flags.from_args(args, mode)
     return InstanceSpec(mode, grid, kv, args.page_size, args.max_model_len, sched,
                         args.spatial_devices, args.spatial_overlap,
                         prefix_cache=not args.no_prefix_cache)
