@@ -32,7 +32,8 @@ from laps_jax.bench import validate_command
 from laps_jax.sim import cli, study
 
 WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like sessions), " \
-            "sessions (--sessions-file)"
+            "sessions (--sessions-file), or a member of the generated trace family " \
+            "(laps_jax/workload/family.py: chat-lmsys, code-chat, rag-docs, agent-loop, ...)"
 
 
 def parse(argv):
