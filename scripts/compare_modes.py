@@ -36,6 +36,11 @@ def parse(argv):
     g.add_argument("--load", type=float, default=0.8,
                    help="scale arrivals so mixed runs at this fraction of its prefill capacity, "
                         "measured by replaying the first --capacity-requests at once")
+    g.add_argument("--loads", default=None, metavar="X,Y,...",
+                   help="run the whole comparison at each of these fractions of mixed's "
+                        "capacity (e.g. 0.5,0.7,0.9; capacity measured once, at the first), "
+                        "each in DIR/load_X.XX, with DIR/loads.md holding every load's ratios "
+                        "(default: the one --load)")
     g.add_argument("--capacity-mode", choices=("serving", "prefill"), default="serving",
                    help="capacity measured with each request's decode interleaved as when "
                         "serving, or prefill only (one output token each)")
@@ -98,6 +103,13 @@ def parse(argv):
     args = ap.parse_args(argv)
     if args.busy_reruns < 0:
         ap.error("--busy-reruns must be >= 0")
+    if args.loads is not None:
+        try:
+            args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--loads wants numbers separated by commas, got {args.loads!r}")
+        if not args.loads or any(not x > 0 for x in args.loads) or args.http:
+            ap.error("--loads wants loads > 0 (and no --http)")
     if args.http:  # these steer the in-process dispatcher; serve.py does not take them
         steer = ("repeats", "long_budget", "decode_gap", "aging", "max_wait", "variant",
                  "cross_pool", "window", "no_buckets", "simulate", "busy_reruns",
@@ -179,6 +191,13 @@ def main(argv=None) -> int:
         max_others_cpu=None if args.max_others_cpu < 0 else args.max_others_cpu,
         busy_reruns=args.busy_reruns)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    if args.loads:
+        from laps_jax.bench.loads import loads_markdown, run_loads
+        table = loads_markdown(run_loads(opts, args.loads, run_comparison, log))
+        with open(os.path.join(args.output_dir, "loads.md"), "w") as f:
+            f.write(table)
+        print(table)
+        return 0
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:
         print(f.read())
