@@ -104,8 +104,12 @@ def parse(argv):
                    help="loads as fractions of FCFS's capacity, the load at which FCFS misses "
                         "half its SLOs (0.5,0.7,0.9)")
     c.add_argument("--requests", type=int, default=400, help="requests per run (400)")
-    c.add_argument("--laps-variant", action="append", default=[], metavar="NAME=KEY=VALUE,...",
-                   help="screen laps with settings changed too, e.g. laps-ratio=order=ratio")
+    c.add_argument("--laps-settings", default=None, metavar="KEY=VALUE,...",
+                   help="screen laps with these scheduler settings changed (compare_modes "
+                        "--variant keys), e.g. order=ratio or long_chunk_ratio=10")
+    c.add_argument("--capacity-from", default=None, metavar="SCREEN_JSON",
+                   help="take each member's FCFS capacity from an earlier screen.json instead "
+                        "of finding it again (same members, requests and model)")
     c.add_argument("--output-dir", required=True, help="screen.json and screen.md go here")
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(c)

@@ -86,15 +86,18 @@ def worst(cells: list[dict], key: str) -> dict:
 
 
 def screen(members: list[str], fractions: list[float], policies: dict, src, inst, sources,
-           base, log: Callable[[str], None] = print, requests: int | None = None) -> dict:
-    """Capacity per member, every policy at each fraction of it, and the comparisons."""
-    rows, cells, capacity = [], [], {}
+           base, log: Callable[[str], None] = print, requests: int | None = None,
+           capacity: dict[str, float] | None = None) -> dict:
+    """Capacity per member (found, or as given), every policy at each fraction of it, and the
+    comparisons."""
+    rows, cells, capacity = [], [], dict(capacity or {})
     for m in members:
         fcfs_mode, fcfs_set = policies["fcfs"]
         viol = lambda load: run_point(Point(m, fcfs_mode, load=load, requests=requests,
                                             settings=fcfs_set), src, inst, sources,
                                       base)["slo_violation_rate"] or 0.0
-        capacity[m] = capacity_load(viol)
+        if m not in capacity:
+            capacity[m] = capacity_load(viol)
         log(f"{m}: FCFS misses half its SLOs at load {capacity[m]:.3f}")
         for x in fractions:
             by = {}

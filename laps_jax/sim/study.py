@@ -136,12 +136,15 @@ def cmd_screen(args) -> int:
     inst = cli.instance_spec(args, src)
     sources = cli.workload_sources(args, src)
     policies = dict(screen.POLICIES)
-    for text in args.laps_variant:  # NAME=KEY=VALUE,...: laps with settings changed
-        name, _, rest = text.partition("=")
+    if args.laps_settings:  # laps screened with settings changed (a candidate default)
         from laps_jax.bench.variants import parse_settings
-        policies[name] = ("laps", tuple(parse_settings(rest).items()))
+        policies["laps"] = ("laps", tuple(parse_settings(args.laps_settings).items()))
+    capacity = None
+    if args.capacity_from:  # the capacities an earlier screen found: no bisection again
+        with open(args.capacity_from) as f:
+            capacity = json.load(f)["capacity_load"]
     result = screen.screen(args.members, args.fractions, policies, src, inst, sources,
-                           cli.run_spec(args, inst), _log, args.requests)
+                           cli.run_spec(args, inst), _log, args.requests, capacity)
     os.makedirs(args.output_dir, exist_ok=True)
     meta = _meta(args, src, inst)
     with open(os.path.join(args.output_dir, "screen.json"), "w") as f:
