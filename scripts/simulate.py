@@ -36,6 +36,14 @@ WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like ses
             "(laps_jax/workload/family.py: chat-lmsys, code-chat, rag-docs, agent-loop, ...)"
 
 
+def _settings(text: str) -> dict:
+    from laps_jax.bench.variants import parse_settings
+    try:
+        return parse_settings(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -104,7 +112,7 @@ def parse(argv):
                    help="loads as fractions of FCFS's capacity, the load at which FCFS misses "
                         "half its SLOs (0.5,0.7,0.9)")
     c.add_argument("--requests", type=int, default=400, help="requests per run (400)")
-    c.add_argument("--laps-settings", default=None, metavar="KEY=VALUE,...",
+    c.add_argument("--laps-settings", type=_settings, default={}, metavar="KEY=VALUE,...",
                    help="screen laps with these scheduler settings changed (compare_modes "
                         "--variant keys), e.g. order=ratio or long_chunk_ratio=10")
     c.add_argument("--capacity-from", default=None, metavar="SCREEN_JSON",

@@ -137,8 +137,7 @@ def cmd_screen(args) -> int:
     sources = cli.workload_sources(args, src)
     policies = dict(screen.POLICIES)
     if args.laps_settings:  # laps screened with settings changed (a candidate default)
-        from laps_jax.bench.variants import parse_settings
-        policies["laps"] = ("laps", tuple(parse_settings(args.laps_settings).items()))
+        policies["laps"] = ("laps", tuple(args.laps_settings.items()))
     capacity = None
     if args.capacity_from:  # the capacities an earlier screen found: no bisection again
         with open(args.capacity_from) as f:
