@@ -14,7 +14,7 @@ import os
 import sys
 
 from laps_jax.cluster.inprocess import RouterConfig
-from laps_jax.sim import cli, plots, sweep, tables
+from laps_jax.sim import cli, plots, screen, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 
@@ -127,4 +127,29 @@ def cmd_plot(args) -> int:
     if len(args.results) > 1:
         sweep.save(os.path.join(out, "results.json"), meta, rows)
     write_report(rows, meta, out, args.figures_dir)
+    return 0
+
+
+def cmd_screen(args) -> int:
+    """laps vs FCFS, HRRN and SRPT on the trace family, at fractions of FCFS's capacity."""
+    src = cli.model_source(args)
+    inst = cli.instance_spec(args, src)
+    sources = cli.workload_sources(args, src)
+    policies = dict(screen.POLICIES)
+    if args.laps_settings:  # laps screened with settings changed (a candidate default)
+        policies["laps"] = ("laps", tuple(args.laps_settings.items()))
+    capacity = None
+    if args.capacity_from:  # the capacities an earlier screen found: no bisection again
+        with open(args.capacity_from) as f:
+            capacity = json.load(f)["capacity_load"]
+    result = screen.screen(args.members, args.fractions, policies, src, inst, sources,
+                           cli.run_spec(args, inst), _log, args.requests, capacity)
+    os.makedirs(args.output_dir, exist_ok=True)
+    meta = _meta(args, src, inst)
+    with open(os.path.join(args.output_dir, "screen.json"), "w") as f:
+        json.dump({"meta": meta, **result}, f, indent=1, default=str)
+    text = f"command: `{meta['command']}`\n" + screen.markdown(result)
+    with open(os.path.join(args.output_dir, "screen.md"), "w") as f:
+        f.write(text)
+    print(text)
     return 0
