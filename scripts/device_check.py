@@ -10,13 +10,16 @@ comes last. `--quick` shrinks everything so it runs on CPU (interpreted Pallas) 
     python scripts/device_check.py            # on the H200 (about 3-5 minutes)
     python scripts/device_check.py --quick    # anywhere, to check the script works
 
-`--lower-only` needs no GPU: it lowers for cuda every executable the GPU server would compile
-(each prefill and decode bucket, the KV hand-off copies; scan layer loop, bfloat16, Pallas
-kernels as Triton) from shapes alone, one line each, and exits 1 if any fails
-(laps_jax/engine/lowering.py). The engine flags set the grid; `--tensor-parallel N` lowers the
-sharded programs over N virtual CPU devices when the machine has fewer:
+`--compile-only` needs no GPU, only the CUDA plugin (`pip install -e ".[gpu-aot]"`): XLA's GPU
+compiler builds, for an H200 or H100 this machine does not have, every executable the GPU server
+would compile (each prefill and decode bucket, the prompt log-prob buckets, the KV hand-off
+copies; scan layer loop, bfloat16, Pallas kernels as Triton), one line each with its compile
+seconds and argument, output and temp bytes, and exits 1 if any fails (laps_jax/engine/aot.py).
+The engine flags set the grid; `--tensor-parallel N` compiles over N such devices. `--save DIR`
+writes the executables for `serve.py --executables DIR`:
 
-    python scripts/device_check.py --lower-only --model qwen2.5-32b --tensor-parallel 8
+    python scripts/device_check.py --compile-only --model qwen2.5-32b --tensor-parallel 8 \
+        --report tp8.json --save exe-tp8
 """
 
 from __future__ import annotations
@@ -35,48 +38,63 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def lowering_parser() -> argparse.ArgumentParser:
+def compile_parser() -> argparse.ArgumentParser:
     from laps_jax.cli import add_engine_args
-    ap = argparse.ArgumentParser(description="lower the GPU server's executables for cuda "
-                                             "from shapes alone (no GPU, nothing allocated)")
-    ap.add_argument("--lower-only", action="store_true", required=True)
-    ap.add_argument("--platform", default="cuda", help="platform to lower for (default cuda)")
-    ap.add_argument("--prompt-logprobs", action="store_true",
-                    help="also the prompt log-prob buckets (what prefill_batch.py compiles)")
+    from laps_jax.engine.gpu_targets import DEVICES
+    ap = argparse.ArgumentParser(description="compile the GPU server's executables for a GPU "
+                                             "this machine does not have (nothing allocated)")
+    ap.add_argument("--compile-only", action="store_true", required=True)
+    ap.add_argument("--device", choices=DEVICES, default="h200",
+                    help="the GPU compiled for (default h200)")
+    ap.add_argument("--no-prompt-logprobs", dest="prompt_logprobs", action="store_false",
+                    help="skip the prompt log-prob buckets (prefill_batch.py's)")
+    ap.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    ap.add_argument("--save", type=Path, default=None, metavar="DIR",
+                    help="also write the executables and a manifest to DIR (serve.py "
+                         "--executables DIR loads them on that GPU and compiles nothing)")
     add_engine_args(ap, default_model="qwen2.5-32b")
     ap.set_defaults(dtype="bfloat16")
     return ap
 
 
-def lower_only(argv: list[str]) -> int:
-    """--lower-only: one line per executable, a total; 1 if any failed, 2 for bad settings."""
-    args = lowering_parser().parse_args(argv)
-    n = args.tensor_parallel
-    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        # read when jax starts: N virtual CPU devices to lay the mesh over (a GPU machine's own
-        # devices are used where it has N)
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={n}").strip()
+def compile_only(argv: list[str]) -> int:
+    """--compile-only: one line per executable, a summary; 1 if any failed, 2 for bad settings
+    or no CUDA plugin."""
+    args = compile_parser().parse_args(argv)
     from laps_jax.cli import engine_config_from_args
     from laps_jax.config import ConfigError, resolve_model
-    from laps_jax.engine.lowering import abstract_engine, lower_all
+    from laps_jax.engine.gpu_targets import INSTALL_HINT, compile_devices, plugin_installed
+    if not plugin_installed():
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    from laps_jax.engine.aot import abstract_engine, compile_all
     try:
         cfg = resolve_model(args.model)[0]
-        engine = abstract_engine(cfg, engine_config_from_args(args), args.dtype)
+        devices = compile_devices(args.device, args.tensor_parallel)
+        engine = abstract_engine(cfg, engine_config_from_args(args), args.dtype, devices)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     e = engine.ecfg
-    print(f"{cfg.name} {args.dtype}, tensor parallel {n}, {e.attention_backend} attention, "
-          f"{e.layer_loop} layer loop, lowering for {args.platform}", flush=True)
-    report = lower_all(engine, args.platform, args.prompt_logprobs,
-                       lambda p: print(p.format(), flush=True))
+    print(f"{cfg.name} {args.dtype}, tensor parallel {args.tensor_parallel}, "
+          f"{e.attention_backend} attention, {e.layer_loop} layer loop, compiling for "
+          f"{devices[0].device_kind} x{len(devices)}", flush=True)
+    report = compile_all(engine, args.prompt_logprobs, lambda p: print(p.format(), flush=True),
+                         device=args.device)
     print(report.summary())
+    if args.save:
+        from laps_jax.engine import executable_store
+        from laps_jax.engine.aot import native_pallas
+        with native_pallas():  # recorded as the GPU server will run them: Triton, not interpreted
+            n = executable_store.save(engine, args.save)
+        print(f"saved {n} executables and {executable_store.MANIFEST} to {args.save}")
+    if args.report:
+        args.report.write_text(json.dumps(report.to_json(), indent=1))
     return 1 if report.failures else 0
 
 
-if __name__ == "__main__" and "--lower-only" in sys.argv[1:]:
-    sys.exit(lower_only(sys.argv[1:]))  # before jax is imported below (XLA_FLAGS)
+if __name__ == "__main__" and "--compile-only" in sys.argv[1:]:
+    sys.exit(compile_only(sys.argv[1:]))  # without the GPU timing's setup below
 # The pytest child shares the GPU with this process: neither may grab 75% of it up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
