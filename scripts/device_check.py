@@ -7,7 +7,13 @@ with the Qwen2.5-32B head layout (40 q / 8 kv heads, head_dim 128) for the palla
 backends. Each time is the median of several block_until_ready runs after warm-up. The table
 comes last. `--quick` shrinks everything so it runs on CPU (interpreted Pallas) in a minute.
 
-    python scripts/device_check.py            # on the H200 (about 3-5 minutes)
+Then it builds a Qwen2.5-32B-shaped server engine with random bfloat16 weights (--model), loads
+the executables `--compile-only --save` wrote (--executables DIR; what does not match compiles,
+one line says why), and times every prefill bucket (full rows, nothing cached) and every decode
+bucket (over 1,024 cached tokens). Everything goes to one JSON file: --json, or
+$OUT/device_check.json when $OUT is set.
+
+    python scripts/device_check.py --executables exe-tp1   # on the H200 (under 10 minutes)
     python scripts/device_check.py --quick    # anywhere, to check the script works
 
 `--compile-only` needs no GPU, only the CUDA plugin (`pip install -e ".[gpu-aot]"`): XLA's GPU
@@ -172,8 +178,16 @@ def main() -> None:
     ap.add_argument("--skip-tests", action="store_true", help="only time, no pytest")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per case (median)")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write everything here (default $OUT/device_check.json if $OUT is set)")
+    ap.add_argument("--model", default=None,
+                    help="the engine timed (default qwen2.5-32b; tiny with --quick)")
+    ap.add_argument("--executables", default=None, metavar="DIR",
+                    help="saved executables to load (device_check.py --compile-only --save)")
+    ap.add_argument("--skip-engine", action="store_true", help="no engine bucket timings")
     args = ap.parse_args()
+    if args.json is None and os.environ.get("OUT"):
+        args.json = Path(os.environ["OUT"]) / "device_check.json"
     native = jax.default_backend() == "gpu"
     runs = args.runs or (3 if args.quick else 10)
     print(f"backend={jax.default_backend()} devices={jax.devices()} "
@@ -221,10 +235,39 @@ def main() -> None:
         name = f"{r['kind']} {r['batch']}x{r['new']}+{r['cached']}"
         print(f"{name:<26}{r['backend']:<8}{r['ms']:>10.3f}{r['tflops']:>10.2f}"
               f"{r['pct_matmul']:>7.1f}{r['gbs']:>9.0f}{r['pct_copy']:>7.1f}")
+    result = dict(backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
+                  jax=jax.__version__, copy_gbs=gbs, matmul_tflops=tflops, tests_rc=rc,
+                  rows=rows)
+    if not args.skip_engine:
+        result["engine"] = engine_timings(args, runs)
     if args.json:
-        args.json.write_text(json.dumps(dict(copy_gbs=gbs, matmul_tflops=tflops, tests_rc=rc,
-                                             rows=rows), indent=1))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
     sys.exit(rc)
+
+
+def engine_timings(args, runs: int) -> dict:
+    """A server engine (random weights) built as serve.py builds it, its saved executables
+    loaded, then every bucket timed (laps_jax/bench/bucket_timing.py)."""
+    from laps_jax import builder
+    from laps_jax.bench.bucket_timing import time_buckets
+    from laps_jax.config import EngineConfig
+    model = args.model or ("tiny" if args.quick else "qwen2.5-32b")
+    ecfg = EngineConfig(max_chunk=64, max_prefill_batch=2, max_decode_batch=2,
+                        kv_cache_tokens=4096) if args.quick else EngineConfig()
+    dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+    lines = []
+    say = lambda m: (print(m, flush=True), lines.append(m))
+    try:
+        built = builder.build(builder.EngineBuild(model, ecfg, dtype=dtype,
+                                                  executables=args.executables), log=say)
+        timings = time_buckets(built.engine, min(runs, 5), say=say)
+    except Exception as e:  # noqa: BLE001 (the rest of the JSON still gets written)
+        say(f"engine timing FAILED {type(e).__name__}: {str(e).strip()[:400]}")
+        return dict(model=model, error=f"{type(e).__name__}: {e}"[:2000], log=lines)
+    return dict(model=model, dtype=dtype, load_s=built.load_seconds,
+                start_s=built.compile_seconds, log=lines, **timings)
 
 
 if __name__ == "__main__":
