@@ -36,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, _ = resolve_model(args.model)
     temp, source = 0, ""
     if args.compile:
+        from laps_jax.engine.gpu_targets import device_memory_bytes
         from laps_jax.server.dry_run import compiled_temp
         ecfg = settings.resolve(EngineConfig(tensor_parallel=args.tensor_parallel), cfg)
         try:
             temp, source = compiled_temp(cfg, ecfg, args.dtype, args.device)
+            gb = device_memory_bytes(args.device) / 1e9  # the driver's total, as JAX sees it
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -76,6 +76,9 @@ def target_config(device: str) -> str:
 
 
 def device_memory_bytes(device: str) -> int:
+    """The total the driver reports (JAX's allocator takes its share of this); ValueError for
+    a device not in DEVICES."""
+    target_config(device)
     return _PARTS[device]["memory"]
 
 

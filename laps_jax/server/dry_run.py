@@ -81,6 +81,8 @@ def dry_run(args, out=print) -> int:
     gb = device_gb(args.device)
     temp, source = 0, ""
     if getattr(args, "compile", False):
+        from laps_jax.engine.gpu_targets import device_memory_bytes
+        gb = device_memory_bytes(args.device) / GB  # what the driver reports: JAX's share is of it
         print(f"compiling every executable for {args.device} (minutes for a large model)",
               file=sys.stderr, flush=True)
         temp, source = compiled_temp(cfg, ecfg, dtype, args.device,
