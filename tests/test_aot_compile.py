@@ -66,6 +66,7 @@ def test_shared_memory_overflow_is_caught_and_named():
     asks for more shared memory than an H200 block may opt into (the target config's 232,448
     bytes); the kernel's default blocks compile."""
     from laps_jax.engine.aot import compile_program, native_pallas
+    from laps_jax.engine.executable_store import fresh_compiles
     from laps_jax.pallas_kernels.prefill_kernel import paged_prefill_attention
     one = jax.sharding.SingleDeviceSharding(gpu_targets.compile_devices("h200", 1)[0])
     s = lambda shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt, sharding=one)
@@ -77,7 +78,7 @@ def test_shared_memory_overflow_is_caught_and_named():
         fn = jax.jit(functools.partial(paged_prefill_attention, scale=0.1, **blocks))
         return compile_program("prefill 1x256", "q [1, 256, 40, 128]",
                                lambda: fn.lower(*args).compile())
-    with native_pallas():
+    with native_pallas(), fresh_compiles():
         big, default = build(block_q=1024, block_k=256), build()
     assert big.error is not None and big.error.startswith(
         "JaxRuntimeError: RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested ")

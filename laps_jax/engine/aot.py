@@ -27,6 +27,7 @@ from flax import nnx
 from laps_jax.config import EngineConfig, ModelConfig
 from laps_jax.engine.buckets import Bucket
 from laps_jax.engine.engine import Engine
+from laps_jax.engine.executable_store import fresh_compiles
 from laps_jax.models.qwen2 import abstract_state
 from laps_jax.pallas_kernels.dispatch import INTERPRET_ENV
 
@@ -155,10 +156,12 @@ def compile_all(engine: Engine, prompt_logprobs: bool = False,
                 only: Callable[[object], bool] | None = None) -> CompileReport:
     """Compiles every executable the engine's compile owner plans (or those `only` keeps),
     kept in its caches for `executable_store.save`; a failure is recorded with its first
-    line and the rest still compiled."""
+    line and the rest still compiled. The persistent compilation cache stays out of it: a
+    compile-only client cannot read its entries back, a cached executable would not save
+    (engine/executable_store.py), and the seconds are a compile's."""
     programs = []
     t0 = time.perf_counter()
-    with native_pallas():
+    with native_pallas(), fresh_compiles():
         for cache, key in engine.executables.planned(prompt_logprobs):
             if only is not None and not only(key):
                 continue

@@ -39,13 +39,17 @@ FORMAT = 1
 
 @contextlib.contextmanager
 def fresh_compiles():
-    """The persistent compilation cache off: every executable compiled anew (see above)."""
+    """The persistent compilation cache off: every executable compiled anew (see above). JAX
+    decides once per process whether the cache is on, so the decision is reset both ways."""
+    from jax._src import compilation_cache
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
 
 
 def file_name(key) -> str:
