@@ -1,7 +1,7 @@
 """The GPU server's executables compiled by XLA's GPU compiler for an H200 this CPU machine does
 not have (`device_check.py --compile-only`, the gpu-aot extra): Qwen2.5-32B at TP 1 and TP 8,
 a kernel block configuration that exceeds shared memory caught and named, a GPU-only mistake
-failing the check with the rest still compiled.
+failing the check with the rest still compiled; and the plugin leaving the CPU default as it was.
 
 The 32B tests compile a cut of the grid to keep the suite inside its time budget: at TP 1 the
 largest prefill shapes (1x2048 and 8x256, the token budget's two ends), 1x2048 with prompt
@@ -122,3 +122,18 @@ def test_without_the_plugin_one_line_says_how_to_install_it(monkeypatch, capsys)
     assert load_script("device_check").compile_only(["--compile-only", "--model", "tiny"]) == 2
     err = capsys.readouterr().err
     assert err == gpu_targets.INSTALL_HINT + "\n" and 'pip install -e ".[gpu-aot]"' in err
+
+
+@needs_plugin
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a machine with an NVIDIA driver")
+def test_the_plugin_without_a_driver_leaves_the_cpu_default_quiet():
+    """Installed for compiling, the CUDA plugin must not change the CPU path: JAX would try its
+    CUDA backend first and log the failure with a traceback (read by tests of the scripts'
+    stderr); laps_jax says "cpu" up front when there is no driver and the user said nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = ROOT
+    code = "import laps_jax, jax; print(jax.default_backend(), len(jax.devices()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["cpu", "1"], r.stderr
+    assert "Traceback" not in r.stderr and "plugin configuration error" not in r.stderr
