@@ -38,6 +38,7 @@ class EngineBuild:
     spread: bool = False                  # engine i's weights on device i, where there is one
     tokenizer: bool = True                # read the checkpoint's (its EOS ids end generation)
     compile_cache: str | None = None      # None: $LAPS_JAX_CACHE_DIR or ~/.cache/laps_jax/xla
+    executables: str | None = None        # saved executables to load before compiling
 
 
 @dataclasses.dataclass
@@ -69,12 +70,17 @@ def add_args(g, default_model: str | None) -> None:
     g.add_argument("--compile-cache", default=None,
                    help="persistent XLA compilation cache directory "
                         "(default $LAPS_JAX_CACHE_DIR or ~/.cache/laps_jax/xla)")
+    g.add_argument("--executables", default=None, metavar="DIR",
+                   help="load the executables `device_check.py --compile-only --save DIR` "
+                        "wrote; any that do not match this model, settings, device or JAX "
+                        "compile as usual (one line says why)")
 
 
 def from_args(args, **fields) -> EngineBuild:
     """The build the flags ask for (settings as given); `fields` set the rest."""
     return EngineBuild(args.model, settings.from_args(args), dtype=args.dtype,
-                       compile_cache=args.compile_cache, **fields)
+                       compile_cache=args.compile_cache,
+                       executables=getattr(args, "executables", None), **fields)
 
 
 def build(spec: EngineBuild, *, warmup: bool = True, prompt_logprobs: bool = False,
@@ -120,6 +126,10 @@ def build(spec: EngineBuild, *, warmup: bool = True, prompt_logprobs: bool = Fal
             log(f"engine {i + 1} of {spec.engines}: the same weights"
                 f"{f' on {jax.devices()[i]}' if here is not shared else ''}")
             engines.append(Engine(cfg, here, ecfg, eos))
+        if spec.executables:
+            from laps_jax.engine import executable_store
+            n = executable_store.load(engines[i], spec.executables, prompt_logprobs, say=log)
+            log(f"loaded {n} saved executables from {spec.executables}")
         if warmup:
             warm_up(engines[i], prompt_logprobs, log, cache_dir)
     spec_dir = model_dir or spec.model
@@ -162,9 +172,12 @@ def warm_up(engine, prompt_logprobs: bool, log: Log, cache_dir: str | None = Non
     owner = engine.executables
     buckets = owner.all_buckets(prompt_logprobs) if buckets is None else buckets
     bar, progress = _bar("compiling buckets")
+    have = len(owner.steps)
     with bar:
         owner.compile(buckets, progress)
     t1 = time.perf_counter()
+    if have:  # loaded (--executables): say how many were compiled here
+        log(f"{len(owner.steps) - have} of {len(set(buckets))} buckets needed compiling")
     where = (f" (persistent compilation cache {cache_dir}: "
              f"{(compile_cache.stats() - cached_before).describe()})") if cache_dir else ""
     log(f"compiled {len(buckets)} bucket executables in {t1 - t0:.1f} s{where}")

@@ -7,16 +7,25 @@ with the Qwen2.5-32B head layout (40 q / 8 kv heads, head_dim 128) for the palla
 backends. Each time is the median of several block_until_ready runs after warm-up. The table
 comes last. `--quick` shrinks everything so it runs on CPU (interpreted Pallas) in a minute.
 
-    python scripts/device_check.py            # on the H200 (about 3-5 minutes)
+Then it builds a Qwen2.5-32B-shaped server engine with random bfloat16 weights (--model), loads
+the executables `--compile-only --save` wrote (--executables DIR; what does not match compiles,
+one line says why), and times every prefill bucket (full rows, nothing cached) and every decode
+bucket (over 1,024 cached tokens). Everything goes to one JSON file: --json, or
+$OUT/device_check.json when $OUT is set.
+
+    python scripts/device_check.py --executables exe-tp1   # on the H200 (under 10 minutes)
     python scripts/device_check.py --quick    # anywhere, to check the script works
 
-`--lower-only` needs no GPU: it lowers for cuda every executable the GPU server would compile
-(each prefill and decode bucket, the KV hand-off copies; scan layer loop, bfloat16, Pallas
-kernels as Triton) from shapes alone, one line each, and exits 1 if any fails
-(laps_jax/engine/lowering.py). The engine flags set the grid; `--tensor-parallel N` lowers the
-sharded programs over N virtual CPU devices when the machine has fewer:
+`--compile-only` needs no GPU, only the CUDA plugin (`pip install -e ".[gpu-aot]"`): XLA's GPU
+compiler builds, for an H200 or H100 this machine does not have, every executable the GPU server
+would compile (each prefill and decode bucket, the prompt log-prob buckets, the KV hand-off
+copies; scan layer loop, bfloat16, Pallas kernels as Triton), one line each with its compile
+seconds and argument, output and temp bytes, and exits 1 if any fails (laps_jax/engine/aot.py).
+The engine flags set the grid; `--tensor-parallel N` compiles over N such devices. `--save DIR`
+writes the executables for `serve.py --executables DIR`:
 
-    python scripts/device_check.py --lower-only --model qwen2.5-32b --tensor-parallel 8
+    python scripts/device_check.py --compile-only --model qwen2.5-32b --tensor-parallel 8 \
+        --report tp8.json --save exe-tp8
 """
 
 from __future__ import annotations
@@ -35,48 +44,63 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def lowering_parser() -> argparse.ArgumentParser:
+def compile_parser() -> argparse.ArgumentParser:
     from laps_jax.cli import add_engine_args
-    ap = argparse.ArgumentParser(description="lower the GPU server's executables for cuda "
-                                             "from shapes alone (no GPU, nothing allocated)")
-    ap.add_argument("--lower-only", action="store_true", required=True)
-    ap.add_argument("--platform", default="cuda", help="platform to lower for (default cuda)")
-    ap.add_argument("--prompt-logprobs", action="store_true",
-                    help="also the prompt log-prob buckets (what prefill_batch.py compiles)")
+    from laps_jax.engine.gpu_targets import DEVICES
+    ap = argparse.ArgumentParser(description="compile the GPU server's executables for a GPU "
+                                             "this machine does not have (nothing allocated)")
+    ap.add_argument("--compile-only", action="store_true", required=True)
+    ap.add_argument("--device", choices=DEVICES, default="h200",
+                    help="the GPU compiled for (default h200)")
+    ap.add_argument("--no-prompt-logprobs", dest="prompt_logprobs", action="store_false",
+                    help="skip the prompt log-prob buckets (prefill_batch.py's)")
+    ap.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    ap.add_argument("--save", type=Path, default=None, metavar="DIR",
+                    help="also write the executables and a manifest to DIR (serve.py "
+                         "--executables DIR loads them on that GPU and compiles nothing)")
     add_engine_args(ap, default_model="qwen2.5-32b")
     ap.set_defaults(dtype="bfloat16")
     return ap
 
 
-def lower_only(argv: list[str]) -> int:
-    """--lower-only: one line per executable, a total; 1 if any failed, 2 for bad settings."""
-    args = lowering_parser().parse_args(argv)
-    n = args.tensor_parallel
-    if n > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        # read when jax starts: N virtual CPU devices to lay the mesh over (a GPU machine's own
-        # devices are used where it has N)
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={n}").strip()
+def compile_only(argv: list[str]) -> int:
+    """--compile-only: one line per executable, a summary; 1 if any failed, 2 for bad settings
+    or no CUDA plugin."""
+    args = compile_parser().parse_args(argv)
     from laps_jax.cli import engine_config_from_args
     from laps_jax.config import ConfigError, resolve_model
-    from laps_jax.engine.lowering import abstract_engine, lower_all
+    from laps_jax.engine.gpu_targets import INSTALL_HINT, compile_devices, plugin_installed
+    if not plugin_installed():
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    from laps_jax.engine.aot import abstract_engine, compile_all
     try:
         cfg = resolve_model(args.model)[0]
-        engine = abstract_engine(cfg, engine_config_from_args(args), args.dtype)
+        devices = compile_devices(args.device, args.tensor_parallel)
+        engine = abstract_engine(cfg, engine_config_from_args(args), args.dtype, devices)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     e = engine.ecfg
-    print(f"{cfg.name} {args.dtype}, tensor parallel {n}, {e.attention_backend} attention, "
-          f"{e.layer_loop} layer loop, lowering for {args.platform}", flush=True)
-    report = lower_all(engine, args.platform, args.prompt_logprobs,
-                       lambda p: print(p.format(), flush=True))
+    print(f"{cfg.name} {args.dtype}, tensor parallel {args.tensor_parallel}, "
+          f"{e.attention_backend} attention, {e.layer_loop} layer loop, compiling for "
+          f"{devices[0].device_kind} x{len(devices)}", flush=True)
+    report = compile_all(engine, args.prompt_logprobs, lambda p: print(p.format(), flush=True),
+                         device=args.device)
     print(report.summary())
+    if args.save:
+        from laps_jax.engine import executable_store
+        from laps_jax.engine.aot import native_pallas
+        with native_pallas():  # recorded as the GPU server will run them: Triton, not interpreted
+            n = executable_store.save(engine, args.save)
+        print(f"saved {n} executables and {executable_store.MANIFEST} to {args.save}")
+    if args.report:
+        args.report.write_text(json.dumps(report.to_json(), indent=1))
     return 1 if report.failures else 0
 
 
-if __name__ == "__main__" and "--lower-only" in sys.argv[1:]:
-    sys.exit(lower_only(sys.argv[1:]))  # before jax is imported below (XLA_FLAGS)
+if __name__ == "__main__" and "--compile-only" in sys.argv[1:]:
+    sys.exit(compile_only(sys.argv[1:]))  # without the GPU timing's setup below
 # The pytest child shares the GPU with this process: neither may grab 75% of it up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -154,8 +178,16 @@ def main() -> None:
     ap.add_argument("--skip-tests", action="store_true", help="only time, no pytest")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per case (median)")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write everything here (default $OUT/device_check.json if $OUT is set)")
+    ap.add_argument("--model", default=None,
+                    help="the engine timed (default qwen2.5-32b; tiny with --quick)")
+    ap.add_argument("--executables", default=None, metavar="DIR",
+                    help="saved executables to load (device_check.py --compile-only --save)")
+    ap.add_argument("--skip-engine", action="store_true", help="no engine bucket timings")
     args = ap.parse_args()
+    if args.json is None and os.environ.get("OUT"):
+        args.json = Path(os.environ["OUT"]) / "device_check.json"
     native = jax.default_backend() == "gpu"
     runs = args.runs or (3 if args.quick else 10)
     print(f"backend={jax.default_backend()} devices={jax.devices()} "
@@ -203,10 +235,39 @@ def main() -> None:
         name = f"{r['kind']} {r['batch']}x{r['new']}+{r['cached']}"
         print(f"{name:<26}{r['backend']:<8}{r['ms']:>10.3f}{r['tflops']:>10.2f}"
               f"{r['pct_matmul']:>7.1f}{r['gbs']:>9.0f}{r['pct_copy']:>7.1f}")
+    result = dict(backend=jax.default_backend(), device=str(jax.devices()[0].device_kind),
+                  jax=jax.__version__, copy_gbs=gbs, matmul_tflops=tflops, tests_rc=rc,
+                  rows=rows)
+    if not args.skip_engine:
+        result["engine"] = engine_timings(args, runs)
     if args.json:
-        args.json.write_text(json.dumps(dict(copy_gbs=gbs, matmul_tflops=tflops, tests_rc=rc,
-                                             rows=rows), indent=1))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
     sys.exit(rc)
+
+
+def engine_timings(args, runs: int) -> dict:
+    """A server engine (random weights) built as serve.py builds it, its saved executables
+    loaded, then every bucket timed (laps_jax/bench/bucket_timing.py)."""
+    from laps_jax import builder
+    from laps_jax.bench.bucket_timing import time_buckets
+    from laps_jax.config import EngineConfig
+    model = args.model or ("tiny" if args.quick else "qwen2.5-32b")
+    ecfg = EngineConfig(max_chunk=64, max_prefill_batch=2, max_decode_batch=2,
+                        kv_cache_tokens=4096) if args.quick else EngineConfig()
+    dtype = "bfloat16" if jax.default_backend() == "gpu" else "float32"
+    lines = []
+    say = lambda m: (print(m, flush=True), lines.append(m))
+    try:
+        built = builder.build(builder.EngineBuild(model, ecfg, dtype=dtype,
+                                                  executables=args.executables), log=say)
+        timings = time_buckets(built.engine, min(runs, 5), say=say)
+    except Exception as e:  # noqa: BLE001 (the rest of the JSON still gets written)
+        say(f"engine timing FAILED {type(e).__name__}: {str(e).strip()[:400]}")
+        return dict(model=model, error=f"{type(e).__name__}: {e}"[:2000], log=lines)
+    return dict(model=model, dtype=dtype, load_s=built.load_seconds,
+                start_s=built.compile_seconds, log=lines, **timings)
 
 
 if __name__ == "__main__":

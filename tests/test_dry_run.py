@@ -54,3 +54,46 @@ def test_plan_that_does_not_fit_is_refused_with_numbers(capsys):
 def test_bad_flags_are_one_line_errors(capsys, flags, message):
     assert main(["--model", "qwen2.5-32b", "--dry-run", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+TINY_GRID = ("--max-chunk", "16", "--max-prefill-batch", "1", "--max-decode-batch", "1",
+             "--max-model-len", "64", "--kv-cache-tokens", "1024")
+
+
+def compiled_run(capsys, monkeypatch, model: str, device: str) -> tuple[int, str]:
+    from laps_jax.engine import gpu_targets
+    if not gpu_targets.plugin_installed():
+        pytest.skip(gpu_targets.INSTALL_HINT)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    rc = main(["--model", model, "--dry-run", "--compile", "--device", device, *TINY_GRID])
+    return rc, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compiled_plan_uses_the_compilers_temp(capsys, monkeypatch):
+    rc, out = compiled_run(capsys, monkeypatch, "tiny", "h200")
+    assert rc == 0, out
+    lines = {ln[:17].strip(): ln[17:] for ln in out.splitlines()}
+    temp = lines["temp buffers"]
+    assert temp.endswith("[compiler: largest of 7 executables, prefill+logprobs 1x16, "
+                         "compiled for NVIDIA H200]")
+    assert lines["weights"].endswith("[arithmetic: shapes]")
+    # the reserve is what lies outside JAX's allocator (25% by default) and 2% of the rest
+    # of the 143,771 MiB the driver reports for an H200 (not the datasheet's 141 GB): JAX's
+    # allocator takes its share of that
+    assert lines["device memory"] == ("150.8 GB (40.0 GB kept for the runtime  [arithmetic: 25% "
+                                      "outside JAX's allocator, 2% of the rest for "
+                                      "fragmentation])")
+    plan = memory_plan(PRESETS["tiny"], "bfloat16", 150.0, temp_bytes=1, temp_source="x")
+    assert plan.reserved_bytes == int(150 * GB * 0.25 + 150 * GB * 0.75 * 0.02)
+
+
+@pytest.mark.slow
+def test_compiled_plan_that_does_not_fit_is_refused_with_numbers(capsys, monkeypatch):
+    """32B on one H100: 65.5 GB of weights; JAX's allocator may use 75% of its 85.5 GB."""
+    rc, out = compiled_run(capsys, monkeypatch, "qwen2.5-32b", "h100")
+    assert rc == 1, out
+    refused = [ln for ln in out.splitlines() if ln.startswith("refused: ")]
+    assert len(refused) == 1 and refused[0].startswith(
+        "refused: the weights do not fit: 65.53 GB per device and 0.")
+    assert refused[0].endswith("GB of temps, 62.86 GB usable (85.5 GB less the reserve)")

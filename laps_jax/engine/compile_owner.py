@@ -48,7 +48,7 @@ class EngineExecutables:
 
     def planned(self, prompt_logprobs: bool = False) -> list[tuple[ExecutableCache, object]]:
         """(cache, key) of every executable a server compiles: the step buckets, then the KV
-        hand-off copies (what `warmup` and `warm_copies` build; engine/lowering.py lowers
+        hand-off copies (what `warmup` and `warm_copies` build; engine/aot.py compiles
         this list, so it cannot drift from what runs)."""
         return ([(self.steps, b) for b in sorted(set(self.all_buckets(prompt_logprobs)))]
                 + [(self.copies, k) for k in self.copy_keys()])

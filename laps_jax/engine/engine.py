@@ -30,14 +30,17 @@ log = logging.getLogger(__name__)
 
 class Engine(PagedSequences):
     def __init__(self, cfg: ModelConfig, params: dict, ecfg: EngineConfig | None = None,
-                 eos_token_ids: Iterable[int] = ()):
+                 eos_token_ids: Iterable[int] = (), devices=None):
+        """`devices`: what a tensor-parallel mesh spans (default: this process's), e.g. the
+        compile-only GPUs of engine/aot.py."""
         self.cfg = cfg
         self.ecfg = ecfg = resolve_settings(ecfg or EngineConfig(), cfg)
         self.grid = BucketGrid.of_settings(ecfg)
         mesh = None
         if ecfg.tensor_parallel > 1:  # weights and KV heads split over that many devices
-            from laps_jax.models.sharding import tensor_mesh
-            mesh = tensor_mesh(ecfg.tensor_parallel)
+            from laps_jax.models.sharding import make_mesh, tensor_mesh
+            n = ecfg.tensor_parallel
+            mesh = tensor_mesh(n) if devices is None else make_mesh(devices=devices[:n])
         self.runner = ModelRunner(cfg, params, num_pages=ecfg.num_pages,
                                   page_size=ecfg.page_size, max_model_len=ecfg.max_model_len,
                                   grid=self.grid,

@@ -68,13 +68,8 @@ class ExecutableCache:
         self.compiles_after_warmup = 0
         self.compile_seconds = 0.0
 
-    def lower(self, bucket: Bucket, platforms: tuple[str, ...] | None = None):
-        """The bucket's program lowered (not compiled), for `platforms` (default: this
-        machine's): the lowering check of a GPU's programs on a CPU (engine/lowering.py)."""
-        fn, args = self._build(bucket)
-        return fn.trace(*args).lower(lowering_platforms=platforms)
-
-    def _compile(self, bucket: Bucket):
+    def compile(self, bucket: Bucket):
+        """Compiles one bucket (for the devices its arguments are on) and keeps it."""
         fn, args = self._build(bucket)
         t0 = time.perf_counter()
         exe = fn.lower(*args).compile()
@@ -94,17 +89,28 @@ class ExecutableCache:
         if workers > 1:
             from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(workers) as pool:
-                for _ in pool.map(self._compile, todo):
+                for _ in pool.map(self.compile, todo):
                     done += 1
                     if progress:
                         progress(done, len(todo))
         else:
             for b in todo:
-                self._compile(b)
+                self.compile(b)
                 done += 1
                 if progress:
                     progress(done, len(todo))
         self.warm = True
+
+    def put(self, bucket: Bucket, exe) -> None:
+        """An executable built elsewhere (loaded from disk: engine/executable_store.py) whose
+        arguments match the bucket's; ValueError otherwise, and nothing is kept."""
+        fn, args = self._build(bucket)
+        sig = lambda tree: [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(tree)]
+        if jax.tree.structure(exe.args_info) != jax.tree.structure((args, {})) or \
+                sig(exe.args_info) != sig((args, {})):
+            raise ValueError(f"its arguments are not bucket {bucket}'s")
+        with _lock:
+            self._compiled[bucket] = exe
 
     def get(self, bucket: Bucket):
         exe = self._compiled.get(bucket)
@@ -112,7 +118,7 @@ class ExecutableCache:
             if self.warm:
                 self.compiles_after_warmup += 1
                 log.warning("compiling bucket %s after warm-up", bucket)
-            exe = self._compile(bucket)
+            exe = self.compile(bucket)
         return exe
 
     def __contains__(self, bucket: Bucket) -> bool:

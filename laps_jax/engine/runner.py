@@ -105,7 +105,7 @@ class ModelRunner:
         else:  # pages live where the weights are
             sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
         # Weights given as shapes (jax.ShapeDtypeStruct): pages as shapes too, nothing is
-        # allocated; such a runner can only lower its executables (engine/lowering.py).
+        # allocated; such a runner can only compile its executables (engine/aot.py).
         self.abstract = isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct)
         if self.abstract:
             zeros = lambda s: jax.ShapeDtypeStruct(s, self.kv_dtype, sharding=sharding)
