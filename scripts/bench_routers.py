@@ -33,6 +33,7 @@ import sys
 import tempfile
 
 from laps_jax.bench import bands
+from laps_jax.bench.load_groups import load_markdown
 from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.bench.isolated import measure as measure_isolated
@@ -212,6 +213,8 @@ def write_results(args, isolated, rounds: dict[str, list], per_round: dict[str, 
         json.dump(out, f, indent=1)
     text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
                    + (f"\n{b}" if (b := bands.band_markdown(v["summary"])) else "")
+                   + (f"\n{g}" if (g := load_markdown(v["summary"].get("load_groups", {})))
+                      else "")
                    for kind, v in out["traces"].items())
     with open(os.path.join(args.output_dir, "routers.md"), "w") as f:
         f.write(text)

@@ -36,6 +36,11 @@ def parse(argv):
     g.add_argument("--load", type=float, default=0.8,
                    help="scale arrivals so mixed runs at this fraction of its prefill capacity, "
                         "measured by replaying the first --capacity-requests at once")
+    g.add_argument("--loads", default=None, metavar="X,Y,...",
+                   help="run the whole comparison at each of these fractions of mixed's "
+                        "capacity (e.g. 0.5,0.7,0.9; capacity measured once, at the first), "
+                        "each in DIR/load_X.XX, with DIR/loads.md holding every load's ratios "
+                        "(default: the one --load)")
     g.add_argument("--capacity-mode", choices=("serving", "prefill"), default="serving",
                    help="capacity measured with each request's decode interleaved as when "
                         "serving, or prefill only (one output token each)")
@@ -62,7 +67,8 @@ def parse(argv):
     s.add_argument("--variant", action="append", default=[], metavar="NAME=MODE:KEY=VALUE,...",
                    help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
                         "settings changed, named NAME, with its own ratio to mixed; e.g. "
-                        "laps-srpt=laps:order=srpt,max_wait_s=1.5 (keys: order, cross_pool, "
+                        "laps-srpt=laps:order=srpt,max_wait_s=1.5, or a well-ordered single "
+                        "queue, hrrn=mixed:order=ratio (keys: order, cross_pool, "
                         "threshold, window_mode, long_budget_tokens, long_chunk_ratio, "
                         "decode_gap_s, aging_tokens_per_s, max_postpone_s, max_wait_s, fill_rows, "
                         "fill_slack, overload_requests: a count or off, overload_check). "
@@ -97,6 +103,13 @@ def parse(argv):
     args = ap.parse_args(argv)
     if args.busy_reruns < 0:
         ap.error("--busy-reruns must be >= 0")
+    if args.loads is not None:
+        try:
+            args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--loads wants numbers separated by commas, got {args.loads!r}")
+        if not args.loads or any(not x > 0 for x in args.loads) or args.http:
+            ap.error("--loads wants loads > 0 (and no --http)")
     if args.http:  # these steer the in-process dispatcher; serve.py does not take them
         steer = ("repeats", "long_budget", "decode_gap", "aging", "max_wait", "variant",
                  "cross_pool", "window", "no_buckets", "simulate", "busy_reruns",
@@ -124,7 +137,8 @@ def main_http(args) -> int:
                   str(e.max_prefill_batch), "--max-decode-batch", str(e.max_decode_batch)]
     if args.threshold is not None:
         serve_args += ["--threshold", str(args.threshold)]
-    serve_args += ["--order", args.order]
+    # --order is laps' here: mixed stays the FCFS baseline (serve.py would order its queue)
+    laps_args = ["--order", args.order] if args.order is not None else []
     if args.profile:
         serve_args += ["--latency-profile", args.profile]
     if e.layer_loop:
@@ -138,7 +152,7 @@ def main_http(args) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     out = run_http_comparison(work, HttpCompareOptions(
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py"), serve_args, modes,
-        args.http_slo_ms), lambda m: print(m, file=sys.stderr, flush=True))
+        args.http_slo_ms, laps_args=laps_args), lambda m: print(m, file=sys.stderr, flush=True))
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "comparison.json"), "w") as f:
         json.dump(out, f, indent=1)
@@ -177,6 +191,13 @@ def main(argv=None) -> int:
         max_others_cpu=None if args.max_others_cpu < 0 else args.max_others_cpu,
         busy_reruns=args.busy_reruns)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    if args.loads:
+        from laps_jax.bench.loads import loads_markdown, run_loads
+        table = loads_markdown(run_loads(opts, args.loads, run_comparison, log))
+        with open(os.path.join(args.output_dir, "loads.md"), "w") as f:
+            f.write(table)
+        print(table)
+        return 0
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:
         print(f.read())

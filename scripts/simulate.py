@@ -32,7 +32,8 @@ from laps_jax.bench import validate_command
 from laps_jax.sim import cli, study
 
 WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like sessions), " \
-            "sessions (--sessions-file)"
+            "sessions (--sessions-file), or a member of the generated trace family " \
+            "(laps_jax/workload/family.py: chat-lmsys, code-chat, rag-docs, agent-loop, ...)"
 
 
 def parse(argv):
@@ -94,6 +95,21 @@ def parse(argv):
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(s)
     s.set_defaults(func=study.cmd_sweep)
+
+    c = sub.add_parser("screen", help="laps vs FCFS, HRRN and SRPT on the trace family")
+    from laps_jax.workload.family import MEMBERS
+    c.add_argument("--members", type=cli.csv(str), default=list(MEMBERS),
+                   help="trace family members (default: all)")
+    c.add_argument("--fractions", type=cli.csv(float), default=[0.5, 0.7, 0.9],
+                   help="loads as fractions of FCFS's capacity, the load at which FCFS misses "
+                        "half its SLOs (0.5,0.7,0.9)")
+    c.add_argument("--requests", type=int, default=400, help="requests per run (400)")
+    c.add_argument("--laps-variant", action="append", default=[], metavar="NAME=KEY=VALUE,...",
+                   help="screen laps with settings changed too, e.g. laps-ratio=order=ratio")
+    c.add_argument("--output-dir", required=True, help="screen.json and screen.md go here")
+    for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
+        add(c)
+    c.set_defaults(func=study.cmd_screen)
 
     v = sub.add_parser("validate", help="simulate a compare_modes run and compare")
     v.add_argument("run_dir", help="compare_modes --output-dir (comparison.json, requests.jsonl)")

@@ -12,7 +12,7 @@ from laps_jax.scheduler import Dispatcher, SchedulerConfig, WindowConfig
 from laps_jax.scheduler.clock import ManualClock, SimClock, run_simulated
 from laps_jax.scheduler.latency_model import DeviceSpec, LatencyModel
 from laps_jax.engine.packing import pack
-from laps_jax.scheduler.pools import FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil
+from laps_jax.scheduler.pools import SingleQueue, LongPool, PrefillPlan, ShortPool, WaitUntil
 from laps_jax.scheduler.request import LONG, SHORT, Request, RequestStats
 from laps_jax.scheduler.window import WaitingWindow
 from laps_jax.sim.engine import SimEngine, SimExecutor
@@ -51,7 +51,7 @@ def test_pack_refuses_mostly_padding_and_chunks_under_the_budget():
 
 
 def test_fcfs_queue_keeps_arrival_order():
-    q = FCFSQueue(GRID, 512, 0.0)
+    q = SingleQueue(GRID, 512, 0.0)
     for i, n in enumerate([300, 10, 12]):
         r = req(n, arrival=float(i))
         q.add(r, float(i))

@@ -33,6 +33,7 @@ from laps_jax.sim.engine import SimEngine, SimExecutor
 from laps_jax.sim.summary import summarize_requests
 from laps_jax.bench.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
+from laps_jax.bench.loads import describe, regime
 from laps_jax.bench.variants import Variant, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.workload.load import load as load_trace
@@ -92,16 +93,24 @@ class CompareOptions:
         return set(self.modes) | {v.mode for v in self.variants}
 
 
+_BUILT: dict[str, tuple] = {}  # engines built in this process, by their settings
+
+
 def _engines(o: CompareOptions, log) -> tuple[Engine, Engine | None]:
     """The engine, and laps-spatial's second one on the same device (no tokenizer: replays
-    stop at their trace's output lengths, never at an EOS)."""
+    stop at their trace's output lengths, never at an EOS). Built once per process and
+    settings: a run at several loads compiles once."""
     from laps_jax.builder import EngineBuild, build  # JAX: only for real (not simulated) runs
     ecfg = o.ecfg if o.buckets else dataclasses.replace(o.ecfg, min_chunk=o.ecfg.max_chunk,
                                                        max_prefill_batch=1)
-    built = build(EngineBuild(o.model, ecfg, o.dtype, o.seed,
-                              engines=2 if "laps-spatial" in o.base_modes() else 1,
-                              tokenizer=False, compile_cache=o.compile_cache), log=log)
-    return built.engine, built.long_engine
+    spec = EngineBuild(o.model, ecfg, o.dtype, o.seed,
+                       engines=2 if "laps-spatial" in o.base_modes() else 1,
+                       tokenizer=False, compile_cache=o.compile_cache)
+    key = repr(spec)
+    if key not in _BUILT:
+        built = build(spec, log=log)
+        _BUILT[key] = (built.engine, built.long_engine)
+    return _BUILT[key]
 
 
 def _latency_model(o: CompareOptions, engine: Engine, log) -> tuple[LatencyModel, float | None]:
@@ -342,6 +351,9 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "variants": {v.name: v.to_dict() for v in o.variants},
         "max_others_cpu": o.max_others_cpu, "busy_reruns": o.busy_reruns,
     }
+    out["run"]["regime"] = regime(o.threshold, min(model.threshold(0), o.ecfg.max_chunk),
+                                  results)
+    log(describe(out["run"]["regime"]))
     out["metrics"] = metrics
     if len(rounds) > 1:  # every round's summaries; `ratio` above is the median over rounds
         out["rounds"] = rounds

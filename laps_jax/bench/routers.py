@@ -40,6 +40,7 @@ from laps_jax.cluster.upstream import parse_metrics
 from laps_jax.workload.http_client import ReplayConfig
 from laps_jax.workload.http_compare import mode_row
 from laps_jax.workload.http_replay import replay
+from laps_jax.bench.load_groups import by_load
 from laps_jax.workload.records import Trace
 
 # what a router is judged on, and which way is better
@@ -233,6 +234,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
                                                   if name in r and ref in r])
                               for name in names}
     out["pooled"] = {name: pooled([r[name] for r in rounds if name in r]) for name in names}
+    out["load_groups"] = by_load(rounds)
     bands = {name: pooled_bands([r[name] for r in rounds if name in r]) for name in names}
     if any(bands.values()):
         out["bands"] = bands

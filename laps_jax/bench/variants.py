@@ -3,7 +3,9 @@
 Two orders (or thresholds, windows, ...) can only be compared fairly on this shared CPU inside
 one compare_modes run: the same arrivals, the same hour, rounds alternating. A variant
 `laps-srpt=laps:order=srpt,max_wait_s=1.5` is the mode `laps` with those settings; it runs as a
-mode of its own and gets its own ratio to mixed. The same KEY=VALUE settings serve the
+mode of its own and gets its own ratio to mixed. In a mixed variant `order` orders the one
+queue (`hrrn=mixed:order=ratio`, `srpt=mixed:order=srpt`: a well-ordered single queue as a
+baseline beside FCFS). The same KEY=VALUE settings serve the
 simulator's same-speed replay (`simulate.py validate --same-speed-laps`), and a recorded run's
 variants replay in the simulator with their settings.
 """
@@ -28,7 +30,7 @@ def flag(value: str) -> bool:
 
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;
 # `window_mode` is the short pool's waiting window (adaptive, static, off).
-SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
+SETTINGS = {"order": str, "queue_order": str, "cross_pool": str, "long_budget_tokens": int,
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
             "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off,
@@ -36,7 +38,7 @@ SETTINGS = {"order": str, "cross_pool": str, "long_budget_tokens": int,
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")
-_CHOICES = {"order": ORDERS, "cross_pool": ("short-first", "aging"),
+_CHOICES = {"order": ORDERS, "queue_order": ORDERS, "cross_pool": ("short-first", "aging"),
             "window_mode": ("adaptive", "static", "off")}
 
 
@@ -87,6 +89,8 @@ def parse_variant(text: str) -> Variant:
     if mode not in MODES:
         raise ValueError(f"variant {name!r}: mode is one of {', '.join(MODES)}; got {mode!r}")
     parsed = parse_settings(settings)
+    if mode == "mixed" and "order" in parsed:  # mixed's order is its one queue's
+        parsed["queue_order"] = parsed.pop("order")
     if not parsed:
         raise ValueError(f"variant {name!r} changes no setting")
     try:  # refused now, not when its turn comes after minutes of warm-up and other modes

@@ -47,12 +47,16 @@ FLAGS: dict[str, dict] = {
         help="cap of the adaptive window in seconds (default: half the cheapest predicted "
              "step)"),
     "order": dict(
-        choices=ORDERS, default=_S.order,
-        help="order inside each pool: srpt, fewest remaining tokens first with requests "
-             "waiting past the wait bound (16 full-budget prefill steps as predicted) ahead; "
-             "ratio, highest response ratio (waited + service) / service first; or aging, "
-             "remaining tokens minus a linear credit; docs/BENCHMARKS_SCHEDULER.md compares "
-             f"them (default: {_S.order})"),
+        choices=ORDERS, default=None,
+        help="order of the waiting prefill work: srpt, fewest remaining tokens first with "
+             "requests waiting past the wait bound (16 long chunks as predicted) ahead; ratio "
+             "(HRRN), highest response ratio (waited + service) / service first, service the "
+             "predicted prefill time of the remaining tokens; aging, remaining tokens minus a "
+             "linear credit; fcfs, arrival order. laps orders inside each pool by it (default: "
+             f"{_S.order}); mixed orders its one queue by it (default: {_S.queue_order}, the "
+             "paper's baseline). Where mixed is the baseline beside laps (compare_modes, "
+             "simulate.py sweep) it sets laps' order only: a variant such as "
+             "hrrn=mixed:order=ratio orders mixed; docs/BENCHMARKS_SCHEDULER.md compares them"),
     "max_wait": dict(
         type=float, default=None,
         help="with --order srpt: seconds after which a request goes ahead of shorter ones "
@@ -91,7 +95,7 @@ FLAGS: dict[str, dict] = {
 }
 
 # dest -> the SchedulerConfig field it sets (the window flags set WindowConfig's)
-FIELDS = {"threshold": "threshold", "order": "order", "cross_pool": "cross_pool",
+FIELDS = {"threshold": "threshold", "cross_pool": "cross_pool",
           "decode_gap": "decode_gap_s", "long_budget": "long_budget_tokens",
           "aging": "aging_tokens_per_s", "max_wait": "max_wait_s",
           "overload_requests": "overload_requests"}
@@ -103,10 +107,14 @@ def add_args(g, only: Iterable[str]) -> None:
         g.add_argument("--" + dest.replace("_", "-"), **FLAGS[dest])
 
 
-def from_args(args, **fields) -> SchedulerConfig:
-    """The SchedulerConfig the declared flags ask for; `fields` set more of it."""
+def from_args(args, mode: str | None = None, **fields) -> SchedulerConfig:
+    """The SchedulerConfig the declared flags ask for; `fields` set more of it. A given
+    --order orders mixed's one queue when `mode` is mixed, laps' pools otherwise (a script
+    that runs mixed as the baseline beside laps passes no mode: its baseline stays FCFS)."""
     has = lambda dest: hasattr(args, dest)
     given = {field: getattr(args, dest) for dest, field in FIELDS.items() if has(dest)}
+    if getattr(args, "order", None) is not None:
+        given["queue_order" if mode == "mixed" else "order"] = args.order
     if has("no_overload_check"):
         given["overload_check"] = not args.no_overload_check
     window = {}

@@ -25,13 +25,13 @@ from typing import Callable
 from laps_jax.engine.buckets import Bucket, BucketGrid
 from laps_jax.engine.packing import fits
 from laps_jax.scheduler.latency_model import LatencyModel, StepShape
-from laps_jax.scheduler.pools import (FCFSQueue, LongPool, PrefillPlan, ShortPool, WaitUntil,
+from laps_jax.scheduler.pools import (LongPool, PrefillPlan, ShortPool, SingleQueue, WaitUntil,
                                       Work)
 from laps_jax.scheduler.request import LONG, SHORT, Request
 from laps_jax.scheduler.window import WaitingWindow, WindowConfig
 
 MODES = ("mixed", "laps", "laps-spatial")
-ORDERS = ("ratio", "aging", "srpt")
+ORDERS = ("fcfs", "ratio", "aging", "srpt")
 
 
 @dataclasses.dataclass
@@ -63,6 +63,8 @@ class SchedulerConfig:
                                           # max_wait_s), "ratio" (response ratio) or "aging"
     max_wait_s: float | None = None       # srpt: a request waiting this long goes first
                                           # (None: 16 long chunks as predicted)
+    queue_order: str = "fcfs"             # mixed's one queue: "fcfs" (the paper's baseline),
+                                          # or "ratio" (HRRN), "srpt", "aging" as in the pools
     fallback_threshold: int = 256         # used when there is no latency model
     kv_handoff: bool = True               # laps-spatial: long prefills decode in the short
                                           # group (K/V copied over); False: where prefilled
@@ -94,6 +96,7 @@ class Derived:
                                           # may take `overload_budget` (None: never)
     overload_budget: int = 0
     overload_check: bool = True
+    queue_order: str = "fcfs"  # mixed's one queue
 
     def is_short(self, new_tokens: int, cached: int = 0) -> bool:
         """The short/long cut, the one place it is made: lanes, the spatial route and the
@@ -113,6 +116,9 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"aging_tokens_per_s must be >= 0, got {cfg.aging_tokens_per_s}")
     if cfg.order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {cfg.order!r}")
+    if cfg.queue_order not in ORDERS:
+        raise ValueError(f"queue_order must be one of {', '.join(ORDERS)}, "
+                         f"got {cfg.queue_order!r}")
     if cfg.max_wait_s is not None and not cfg.max_wait_s > 0:
         raise ValueError(f"max_wait_s must be > 0, got {cfg.max_wait_s}")
     if cfg.long_chunk_ratio is not None and not cfg.long_chunk_ratio > 0:
@@ -132,6 +138,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     budget = cfg.budget_tokens or grid.max_batch_tokens
     window = dataclasses.replace(cfg.window)
     overload = lambda long_budget: dict(
+        queue_order=cfg.queue_order,
         overload_requests=None if long_budget >= budget else cfg.overload_requests,
         overload_budget=min(budget, OVERLOAD_WIDEN * long_budget),
         overload_check=cfg.overload_check)
@@ -205,10 +212,12 @@ def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
 
 
 class MixedPlanner:
-    """One FCFS queue for all prefill work (the baseline every LAPS claim is measured against)."""
+    """One queue for all prefill work: FCFS by default (the baseline every LAPS claim is
+    measured against), or ordered like a pool (`queue_order`) with the same service estimate
+    and wait bound as the pools: the same engine, budget and buckets, only the order differs."""
 
     def __init__(self, grid: BucketGrid, d: Derived):
-        self.queue = FCFSQueue(grid, d.budget, 0.0)
+        self.queue = SingleQueue(grid, d.budget, d.aging, d.queue_order, d.service, d.max_wait_s)
         self.window = None
 
     def add(self, r: Request, now: float) -> None:

@@ -4,7 +4,8 @@ Every batch is a rectangle packed by `engine/packing.py`'s `pack` from an ordere
 (chunking a row to fit when allowed, refusing rows that would make the batch mostly padding); the
 offline job packs its steps with it too. The pools only decide order:
 
-- `FCFSQueue` (mixed baseline): arrival order, chunked, strict (nobody overtakes).
+- `SingleQueue` (mixed): one queue, chunked; by default in arrival order and strict (nobody
+  overtakes: the paper's FCFS baseline), or in any of the pools' orders (HRRN, SRPT...).
 - `ShortPool`: remaining tokens with aging, whole requests, behind a waiting window.
 - `LongPool`: remaining tokens with aging, chunked under the long budget (a larger one while
   more requests wait than the overload mark); a starved request (not served for
@@ -53,8 +54,9 @@ class WaitUntil:
 
 
 class _Pool:
-    """Requests of one pool in priority order (lower score first), by one of three rules:
+    """Requests of one pool in priority order (lower score first), by one of four rules:
 
+    - "fcfs": arrival order;
     - "aging": remaining new tokens minus `aging` tokens per second waited;
     - "ratio": highest response ratio first, (waited + service) / service with `service` the
       predicted prefill time of the remaining tokens: short work first, and aging in proportion
@@ -93,6 +95,8 @@ class _Pool:
 
     def score(self, r: Request, now: float) -> tuple[int, float]:
         wait = now - r.enqueued
+        if self.order == "fcfs":
+            return 0, r.stats.arrival
         if self.order == "aging":
             return 0, r.remaining - self.aging * wait
         if self.order == "srpt":
@@ -105,16 +109,24 @@ class _Pool:
         return sorted(self.reqs, key=lambda r: (self.score(r, now), r.enqueued))
 
 
-class FCFSQueue(_Pool):
-    """The mixed baseline: one queue in arrival order, chunked prefill under the budget."""
+class SingleQueue(_Pool):
+    """mixed: one queue for all prefill work, chunked under the budget, in `order`. "fcfs" (the
+    default, the paper's baseline) is strict: a request that does not fit stops the batch, so
+    nobody overtakes. The other orders are a well-ordered single queue (HRRN as "ratio", SRPT
+    with the wait bound as "srpt"): later rows may fill what the head leaves, as in the pools."""
 
     name = "mixed"
+
+    def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
+                 order: str = "fcfs", service: Callable[[int], float] | None = None,
+                 max_wait_s: float = 2.0):
+        super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
 
     def plan(self, now: float) -> PrefillPlan | None:
         if not self.reqs:
             return None
-        order = sorted(self.reqs, key=lambda r: (r.stats.arrival, r.enqueued))
-        work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=True)
+        work, bucket, _ = pack(self.ordered(now), self.grid, self.budget, chunk=True,
+                               strict=self.order == "fcfs")
         return PrefillPlan(work, self.name, bucket) if work else None
 
 

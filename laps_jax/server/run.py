@@ -85,7 +85,7 @@ async def serve(args, log) -> int:
         model, f = load_profile(args.latency_profile, built.engine, not args.no_rescale_profile)
         if f is not None:
             log(f"latency profile rescaled: its shapes run {f:.2f}x their profiled time here")
-    dispatcher = Dispatcher(built.engine, args.mode, scheduler_flags.from_args(args),
+    dispatcher = Dispatcher(built.engine, args.mode, scheduler_flags.from_args(args, args.mode),
                             long_engine=long_engine, latency_model=model)
     if dispatcher.kv_handoff:
         log("compiling and running the KV hand-off copies")

@@ -16,6 +16,7 @@ from laps_jax.sim import hardware
 from laps_jax.sim.driver import RunSpec
 from laps_jax.sim.instance import GPU_WIDTHS, GridSpec, InstanceSpec
 from laps_jax.sim.sweep import WorkloadSource
+from laps_jax.workload.family import MEMBERS
 from laps_jax.workload.load import add_trace_args
 from laps_jax.workload.traces import detect_format
 
@@ -37,8 +38,10 @@ def per_workload(s: str) -> dict[str, int]:
     return out
 
 
-REQUESTS = {"azure": 800, "mooncake": 300, "lmsys": 3000, "sessions": 800}
-ROUTED_REQUESTS = {"azure": 400, "mooncake": 150, "lmsys": 1500, "sessions": 400}
+REQUESTS = {"azure": 800, "mooncake": 300, "lmsys": 3000, "sessions": 800,
+            **{m: 800 for m in MEMBERS}}
+ROUTED_REQUESTS = {"azure": 400, "mooncake": 150, "lmsys": 1500, "sessions": 400,
+                   **{m: 400 for m in MEMBERS}}
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -136,7 +139,7 @@ def instance_spec(args, src: hardware.ModelSource, mode: str = "laps") -> Instan
     grid = GridSpec(args.max_chunk, 16, args.max_prefill_batch, args.max_decode_batch,
                     args.budget_tokens, None if args.pow2_widths else
                     tuple(w for w in GPU_WIDTHS if w <= args.max_chunk) + (args.max_chunk,))
-    sched = scheduler_flags.from_args(args)
+    sched = scheduler_flags.from_args(args, mode)
     return InstanceSpec(mode, grid, kv, args.page_size, args.max_model_len, sched,
                         args.spatial_devices, args.spatial_overlap,
                         prefix_cache=not args.no_prefix_cache)
@@ -153,7 +156,7 @@ def workload_sources(args, src: hardware.ModelSource) -> dict[str, WorkloadSourc
               "seed": args.seed}
     paths = {"azure": os.path.join(args.trace_dir, "azure_llm_2023_conv.csv"),
              "mooncake": os.path.join(args.trace_dir, "mooncake_conversation_trace.jsonl"),
-             "lmsys": None, "sessions": args.sessions_file}
+             "lmsys": None, "sessions": args.sessions_file, **{m: None for m in MEMBERS}}
     if getattr(args, "trace", None):  # run --trace: that file for its kind
         paths[args.workload] = args.trace
     req = {**REQUESTS, **getattr(args, "requests_per", {})}

@@ -162,6 +162,10 @@ def simulate(spec: RunSpec, src: ModelSource, workload: Workload) -> RunResult:
         ds = [build_dispatcher(spec.instance, src.cfg, src.model, clock, f"i{i}", grid)
               for i in range(spec.instances)]
         target = Router(ds, spec.router, clock) if spec.instances > 1 else ds[0]
+        for ids in w.shared_prefixes():  # hot documents / system prompts: cached from the start
+            for d in ds:
+                for ex in executors(d):
+                    _return_kv(ex, ids)
         run = _Run(spec, src, target, grid)
         await target.start()
         window = None

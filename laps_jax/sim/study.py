@@ -14,7 +14,7 @@ import os
 import sys
 
 from laps_jax.cluster.inprocess import RouterConfig
-from laps_jax.sim import cli, plots, sweep, tables
+from laps_jax.sim import cli, plots, screen, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 
@@ -127,4 +127,27 @@ def cmd_plot(args) -> int:
     if len(args.results) > 1:
         sweep.save(os.path.join(out, "results.json"), meta, rows)
     write_report(rows, meta, out, args.figures_dir)
+    return 0
+
+
+def cmd_screen(args) -> int:
+    """laps vs FCFS, HRRN and SRPT on the trace family, at fractions of FCFS's capacity."""
+    src = cli.model_source(args)
+    inst = cli.instance_spec(args, src)
+    sources = cli.workload_sources(args, src)
+    policies = dict(screen.POLICIES)
+    for text in args.laps_variant:  # NAME=KEY=VALUE,...: laps with settings changed
+        name, _, rest = text.partition("=")
+        from laps_jax.bench.variants import parse_settings
+        policies[name] = ("laps", tuple(parse_settings(rest).items()))
+    result = screen.screen(args.members, args.fractions, policies, src, inst, sources,
+                           cli.run_spec(args, inst), _log, args.requests)
+    os.makedirs(args.output_dir, exist_ok=True)
+    meta = _meta(args, src, inst)
+    with open(os.path.join(args.output_dir, "screen.json"), "w") as f:
+        json.dump({"meta": meta, **result}, f, indent=1, default=str)
+    text = f"command: `{meta['command']}`\n" + screen.markdown(result)
+    with open(os.path.join(args.output_dir, "screen.md"), "w") as f:
+        f.write(text)
+    print(text)
     return 0

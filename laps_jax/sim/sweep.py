@@ -33,6 +33,7 @@ class Point:
     load: float | None = None       # offered compute / limit (open loop)
     concurrency: int | None = None  # fixed concurrency instead of a load
     requests: int | None = None     # per instance (None: the workload source's default)
+    settings: tuple = ()            # (SchedulerConfig field, value) pairs over the instance's
 
     def label(self) -> str:
         where = f"{self.instances}x {self.policy}" if self.instances > 1 else "1x"
@@ -81,8 +82,10 @@ def run_point(p: Point, src: ModelSource, inst: InstanceSpec, workloads: dict[st
     per = p.requests or (source.routed_requests if p.instances > 1 else source.requests)
     n = per * p.instances
     w = source.get(n)
+    sched = dataclasses.replace(inst.scheduler, **dict(p.settings))
     spec = dataclasses.replace(
-        base, instance=dataclasses.replace(inst, mode=p.mode), instances=p.instances,
+        base, instance=dataclasses.replace(inst, mode=p.mode, scheduler=sched),
+        instances=p.instances,
         router=RouterConfig(policy=p.policy) if p.instances > 1 else None,
         concurrency=p.concurrency)
     if p.load is not None:

@@ -13,13 +13,14 @@ import os
 
 import numpy as np
 
+from laps_jax.workload.family import MEMBERS
 from laps_jax.workload.generator import SessionGenConfig, generate_sessions
 from laps_jax.workload.records import (TokenSpace, TraceOptions, TraceRequest,
                                        implied_new_tokens)
 from laps_jax.workload.load import load as load_trace
 from laps_jax.workload.sessions import SessionTrace
 
-KINDS = ("azure", "mooncake", "sessions", "lmsys")
+KINDS = ("azure", "mooncake", "sessions", "lmsys") + tuple(MEMBERS)  # + the trace family
 
 
 @dataclasses.dataclass
@@ -43,6 +44,7 @@ class Workload:
     items: list[OpenItem] = dataclasses.field(default_factory=list)
     sessions: SessionTrace | None = None
     gen: tuple[int, SessionGenConfig, int, int] | None = None  # (sessions, config, seed, max_len)
+    gen_name: tuple[str, str] = ("lmsys-sessions", "lmsys")  # (name, kind) of generated ones
 
     @property
     def closed_loop(self) -> bool:
@@ -55,7 +57,8 @@ class Workload:
     def new_token_counts(self) -> np.ndarray:
         """New tokens per request if every cacheable prefix were cached (session answers too)."""
         if self.sessions:
-            return np.array([t.new_input_tokens for s in self.sessions.sessions for t in s.turns])
+            return np.array([s.new_tokens(k) for s in self.sessions.sessions
+                             for k in range(len(s.turns))])
         return np.array([it.new_tokens for it in self.items])
 
     def natural_rate(self) -> float:
@@ -74,8 +77,17 @@ class Workload:
             return self, 1.0
         if self.gen is not None:
             n, cfg, seed, max_len = self.gen
-            return lmsys(n, rate, seed, cfg, self.sessions.token_space, max_len), 1.0
+            return lmsys(n, rate, seed, cfg, self.sessions.token_space, max_len,
+                         self.gen_name), 1.0
         return self, self.natural_rate() / rate
+
+    def shared_prefixes(self) -> list[list[int]]:
+        """Token ids of each shared prefix the sessions open with (a RAG corpus, a system
+        prompt): a simulation starts with them cached, as a deployment serving them would."""
+        if not self.sessions:
+            return []
+        first = {s.prefix_id: s for s in self.sessions.sessions if s.prefix_tokens}
+        return [s.prefix_ids(self.sessions.token_space) for s in first.values()]
 
     def summary(self) -> dict:
         new = self.new_token_counts()
@@ -98,10 +110,14 @@ def load(kind: str, path: str | None = None, max_requests: int | None = None,
         raise ValueError(f"workload kind must be one of {', '.join(KINDS)}, got {kind!r}")
     opts = TraceOptions(max_requests=max_requests, length_scale=length_scale,
                         vocab_size=vocab_size, max_len=max_len, seed=seed, sample=sample)
-    if kind == "lmsys":
-        cfg = SessionGenConfig(length_scale=length_scale)
+    if kind == "lmsys" or kind in MEMBERS:  # generated: a family member has its own seed
+        cfg, name = SessionGenConfig(length_scale=length_scale), ("lmsys-sessions", "lmsys")
+        if kind in MEMBERS:
+            m = MEMBERS[kind]
+            cfg, seed, name = (dataclasses.replace(m.config, length_scale=length_scale),
+                               m.seed + seed, (kind, kind))
         n = max(1, round((max_requests or 300) / cfg.mean_turns))
-        return lmsys(n, rate, seed, cfg, TokenSpace(vocab_size, 10, seed), max_len)
+        return lmsys(n, rate, seed, cfg, TokenSpace(vocab_size, 10, seed), max_len, name)
     if path is None:
         raise ValueError(f"workload {kind} needs a file")
     name = os.path.basename(path)
@@ -113,20 +129,25 @@ def load(kind: str, path: str | None = None, max_requests: int | None = None,
 
 
 def lmsys(n_sessions: int, rate: float, seed: int = 0, cfg: SessionGenConfig | None = None,
-          space: TokenSpace | None = None, max_len: int = 32768) -> Workload:
-    """LMSYS-Chat-1M-shaped sessions offering about `rate` requests/s (sessions start at
-    rate / mean turns per second; the same seed gives the same lengths at every rate)."""
+          space: TokenSpace | None = None, max_len: int = 32768,
+          name: tuple[str, str] = ("lmsys-sessions", "lmsys")) -> Workload:
+    """Generated sessions (LMSYS-Chat-1M-shaped by default, or a family member's `cfg`)
+    offering about `rate` requests/s (sessions start at rate / mean turns per second; the same
+    seed gives the same lengths at every rate)."""
     cfg = cfg or SessionGenConfig()
     cfg = dataclasses.replace(cfg, rate=rate / cfg.mean_turns)
     sessions = generate_sessions(n_sessions, cfg, seed)
     for s in sessions:  # a conversation ends when it would outgrow the context
-        total, keep = 0, []
+        total, keep = s.prefix_tokens, []
         for t in s.turns:
             total += t.new_input_tokens + t.output_tokens
             if total > max_len and keep:
                 break
             keep.append(t)
         s.turns = keep
-    trace = SessionTrace("lmsys-generated", sessions, space or TokenSpace())
-    return Workload("lmsys-sessions", "lmsys", sessions=trace,
-                    gen=(n_sessions, dataclasses.replace(cfg, rate=1.0), seed, max_len))
+    trace = SessionTrace(f"{name[1]}-generated", sessions, space or TokenSpace())
+    for s in sessions:  # the simulator starts with the shared prefixes cached (`simulate`)
+        s.prefix_cold = False
+    return Workload(name[0], name[1], sessions=trace,
+                    gen=(n_sessions, dataclasses.replace(cfg, rate=1.0), seed, max_len),
+                    gen_name=name)

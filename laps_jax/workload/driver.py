@@ -102,7 +102,8 @@ async def run_session(session: Session, space: TokenSpace, submit: Submit, clock
         out = pacing.max_tokens(turn)
         if pacing.max_len is not None and len(prompt) + out > pacing.max_len:
             return SessionEnd(k, "max_len")  # the conversation outgrew the context
-        planned = SessionTurn(session, k, prompt, t, out, min(turn.new_input_tokens, len(prompt)))
+        new = min(session.new_tokens(k), len(prompt))
+        planned = SessionTurn(session, k, prompt, t, out, new)
         if scheduled is not None:
             scheduled(planned)
         await clock.sleep(t + pacing.late_s - clock.now())

@@ -76,9 +76,24 @@ LMSYS_LATER_TURN = LengthMixture.fit(LogNormal(24, 1.0), LogNormal(500, 1.1), 0.
 LMSYS_OUTPUT = LengthMixture((1.0,), (LogNormal(180, 0.9),), max_len=2048)
 
 
+def tailed(median: float, sigma: float, long_share: float = 0.0, long_median: float = 8192.0,
+           long_sigma: float = 0.5, max_len: int = 32768) -> LengthMixture:
+    """A lognormal body with a share ``long_share`` of very long prompts (a second lognormal
+    around ``long_median``): the length tails a family of traces spans."""
+    if long_share <= 0:
+        return LengthMixture((1.0,), (LogNormal(median, sigma),), max_len)
+    return LengthMixture((1.0 - long_share, long_share),
+                         (LogNormal(median, sigma), LogNormal(long_median, long_sigma)), max_len)
+
+
 @dataclasses.dataclass(frozen=True)
 class SessionGenConfig:
-    """Session arrivals (Poisson, ``rate`` per second), turns (geometric), lengths, think times."""
+    """Session arrivals (Poisson, ``rate`` per second; or Poisson bursts of a geometric number
+    of sessions, ``burst_size`` on average, ``burst_gap_s`` apart on average), turns
+    (geometric), lengths, think times, and shared prefixes: a share ``prefix_share`` of the
+    sessions opens with one of ``prefix_docs`` documents (each ``prefix_len`` long, drawn once;
+    a RAG corpus or an agent's system prompt) that every session using it shares token for
+    token."""
 
     rate: float = 1.0
     mean_turns: float = 3.0
@@ -88,6 +103,11 @@ class SessionGenConfig:
     output: LengthMixture = LMSYS_OUTPUT
     think_s: LogNormal = LogNormal(4.0, 0.8)
     length_scale: float = 1.0
+    burst_size: float = 1.0
+    burst_gap_s: float = 0.0
+    prefix_share: float = 0.0
+    prefix_docs: int = 0
+    prefix_len: LengthMixture | None = None
 
     def __post_init__(self) -> None:
         if not self.rate > 0:
@@ -98,6 +118,20 @@ class SessionGenConfig:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if not self.length_scale > 0:
             raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
+        if not self.burst_size >= 1 or not self.burst_gap_s >= 0:
+            raise ValueError(f"burst_size must be >= 1 and burst_gap_s >= 0, got "
+                             f"{self.burst_size}, {self.burst_gap_s}")
+        if not 0 <= self.prefix_share <= 1:
+            raise ValueError(f"prefix_share must be in [0, 1], got {self.prefix_share}")
+        if self.prefix_share > 0 and (self.prefix_docs < 1 or self.prefix_len is None):
+            raise ValueError("a prefix_share needs prefix_docs >= 1 and a prefix_len")
+
+    @property
+    def expected_turns(self) -> float:
+        """Mean turns per session: a geometric count with mean ``mean_turns``, capped at
+        ``max_turns`` (E[min(G, m)] = sum of P(G > k) for k < m)."""
+        q = 1.0 - 1.0 / self.mean_turns
+        return sum(q ** k for k in range(self.max_turns))
 
 
 def _scaled(lengths: np.ndarray, scale: float) -> list[int]:
@@ -125,6 +159,11 @@ def generate_sessions(n_sessions: int, config: SessionGenConfig | None = None, s
     outputs = _scaled(cfg.output.sample(rng, n_sessions + n_later), cfg.length_scale)
     think = np.exp(math.log(cfg.think_s.median)
                    + cfg.think_s.sigma * rng.standard_normal(n_later)).tolist()
+    # drawn after everything above, so a config without bursts or prefixes gives the same
+    # sessions it always did
+    if cfg.burst_size > 1 and n_sessions:
+        arrivals = _burst_arrivals(rng, n_sessions, cfg)
+    docs, doc_len = _prefixes(rng, n_sessions, cfg)
     sessions, i_later, i_out = [], 0, 0
     for i in range(n_sessions):
         turns = [Turn(first[i], outputs[i_out])]
@@ -133,5 +172,34 @@ def generate_sessions(n_sessions: int, config: SessionGenConfig | None = None, s
             turns.append(Turn(later[i_later], outputs[i_out], round(think[i_later], 6)))
             i_later += 1
             i_out += 1
-        sessions.append(Session(f"{id_prefix}{i}", round(float(arrivals[i]), 6), turns))
+        d = docs[i]
+        sessions.append(Session(f"{id_prefix}{i}", round(float(arrivals[i]), 6), turns,
+                                *((f"doc{d}", doc_len[d]) if d >= 0 else ())))
     return sessions
+
+
+def _burst_arrivals(rng: np.random.Generator, n: int, cfg: SessionGenConfig) -> np.ndarray:
+    """Bursts start as a Poisson process at rate / burst_size (the same sessions/s); each
+    holds a geometric number of sessions with mean burst_size, exponential burst_gap_s apart."""
+    sizes = rng.geometric(1.0 / cfg.burst_size, n)  # at most n bursts are needed
+    starts = np.cumsum(rng.exponential(cfg.burst_size / cfg.rate, n))
+    starts -= starts[0]
+    gaps = rng.exponential(cfg.burst_gap_s, n) if cfg.burst_gap_s > 0 else np.zeros(n)
+    out, b = np.empty(n), 0
+    i = 0
+    while i < n:
+        k = min(int(sizes[b]), n - i)
+        out[i:i + k] = starts[b] + np.concatenate([[0.0], np.cumsum(gaps[i + 1:i + k])])
+        i, b = i + k, b + 1
+    return np.sort(out)
+
+
+def _prefixes(rng: np.random.Generator, n: int, cfg: SessionGenConfig
+              ) -> tuple[list[int], list[int]]:
+    """(document index per session, -1 for none; length per document)."""
+    if cfg.prefix_share <= 0 or not n:
+        return [-1] * n, []
+    doc_len = _scaled(cfg.prefix_len.sample(rng, cfg.prefix_docs), cfg.length_scale)
+    uses = rng.random(n) < cfg.prefix_share
+    which = rng.integers(0, cfg.prefix_docs, n)
+    return [int(d) if u else -1 for u, d in zip(uses, which)], doc_len

@@ -34,6 +34,7 @@ class HttpCompareOptions:
     slo_ms: float = 1000.0
     short_threshold: int = 256
     startup_timeout_s: float = 900.0
+    laps_args: list[str] = dataclasses.field(default_factory=list)  # laps modes' servers only
 
 
 def free_port() -> int:
@@ -78,7 +79,8 @@ def run_http_comparison(work, o: HttpCompareOptions, log=print) -> dict:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([sys.executable, o.serve_script, "--mode", mode, "--port",
-                                 str(port), *o.serve_args],
+                                 str(port), *o.serve_args,
+                                 *(o.laps_args if mode != "mixed" else ())],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             log(f"[{mode}] starting server at {url}")

@@ -10,6 +10,11 @@ File format (one JSON object per line)::
     {"session_id": "s0", "turns": [
         {"arrival_s": 0.0, "new_input_tokens": 120, "output_tokens": 200},
         {"think_s": 4.2, "new_input_tokens": 35, "output_tokens": 150}]}
+
+A session may open with a shared prefix, ``"prefix": {"id": "doc3", "tokens": 4000}``: its
+first prompt is that document (the same tokens in every session naming the same id: a RAG
+corpus, an agent's system prompt) and then the turn's new input. The first session of a trace
+to name a prefix has to prefill it (``prefix_cold``); later ones find it cached.
 """
 
 from __future__ import annotations
@@ -49,9 +54,27 @@ class Session:
     session_id: str
     arrival_s: float
     turns: list[Turn]
+    prefix_id: str = ""      # a shared prefix its first prompt opens with ("": none)
+    prefix_tokens: int = 0
+    prefix_cold: bool = dataclasses.field(default=False, compare=False)  # first to use it
 
     def _key(self, kind: str, k: int) -> int:
         return segment_key("session", self.session_id, kind, k)
+
+    def _prefix_segments(self) -> list[Segment]:
+        if not self.prefix_tokens:
+            return []
+        return [Segment(segment_key("session-prefix", self.prefix_id), self.prefix_tokens)]
+
+    def prefix_ids(self, space: TokenSpace) -> list[int]:
+        """The shared prefix's token ids (the same for every session naming it)."""
+        return [int(t) for s in self._prefix_segments() for t in space.tokens(s.key, s.length)]
+
+    def new_tokens(self, k: int) -> int:
+        """Prompt tokens of turn k a warm prefix cache leaves to prefill: the new input, and
+        for the first session to use a shared prefix, that prefix too."""
+        cold = self.prefix_tokens if k == 0 and self.prefix_cold else 0
+        return self.turns[k].new_input_tokens + cold
 
     def turn_arrival(self, k: int, prev_done_s: float | None = None) -> float:
         """When turn k arrives, given when turn k-1's answer finished (ignored for k = 0)."""
@@ -74,12 +97,14 @@ class Session:
         """Turn k's prompt from turn k-1's prompt and the answer ids actually produced."""
         if k > 0 and prev_prompt_ids is None:
             raise ValueError("a later turn's prompt needs the previous prompt ids")
-        return build_turn_prompt(prev_prompt_ids if k else None, answer_ids if k else None,
+        if k == 0:
+            prev_prompt_ids = self.prefix_ids(space)
+        return build_turn_prompt(prev_prompt_ids, answer_ids if k else None,
                                  self.new_input_ids(k, space))
 
     def nominal_segments(self, k: int) -> tuple[Segment, ...]:
         """Turn k's prompt as if every earlier answer had its nominal length."""
-        segs: list[Segment] = []
+        segs: list[Segment] = self._prefix_segments()
         for j in range(k):
             segs += [Segment(self._key("in", j), self.turns[j].new_input_tokens),
                      Segment(self._key("out", j), self.turns[j].output_tokens)]
@@ -96,7 +121,7 @@ class Session:
         input_len = len(prompt_ids) if prompt_ids is not None else sum(s.length for s in segs)
         return TraceRequest(f"{self.session_id}/{k}", arrival_s, input_len,
                             self.turns[k].output_tokens, segs, session_id=self.session_id,
-                            turn=k, history_len=input_len - self.turns[k].new_input_tokens,
+                            turn=k, history_len=input_len - self.new_tokens(k),
                             prompt_ids=prompt_ids, token_space=space)
 
     def to_json(self) -> dict[str, Any]:
@@ -105,7 +130,10 @@ class Session:
             first = {"arrival_s": self.arrival_s} if k == 0 else {"think_s": t.think_s}
             turns.append({**first, "new_input_tokens": t.new_input_tokens,
                           "output_tokens": t.output_tokens})
-        return {"session_id": self.session_id, "turns": turns}
+        out: dict[str, Any] = {"session_id": self.session_id, "turns": turns}
+        if self.prefix_tokens:
+            out["prefix"] = {"id": self.prefix_id, "tokens": self.prefix_tokens}
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], path: str = "<session>", line: int = 0) -> "Session":
@@ -138,7 +166,15 @@ class Session:
             if k == 0:
                 arrival = float(secs)
             turns.append(Turn(counts[0], counts[1], 0.0 if k == 0 else float(secs)))
-        return cls(sid, arrival, turns)
+        prefix = obj.get("prefix")
+        if prefix is None:
+            return cls(sid, arrival, turns)
+        if not isinstance(prefix, dict) or not isinstance(prefix.get("id"), str) \
+                or not prefix["id"] or "tokens" not in prefix:
+            raise TraceFormatError(path, line, f"prefix of session {sid!r} must be "
+                                               f'{{"id": non-empty string, "tokens": count}}')
+        n = parse_count(prefix["tokens"], f"prefix tokens of session {sid!r}", path, line)
+        return cls(sid, arrival, turns, prefix["id"], n)
 
 
 @dataclasses.dataclass
@@ -152,6 +188,9 @@ class SessionTrace:
     truncated: int = 0
     dropped_turns: int = 0
 
+    def __post_init__(self) -> None:
+        mark_cold_prefixes(self.sessions)
+
     def __len__(self) -> int:
         return len(self.sessions)
 
@@ -161,6 +200,14 @@ class SessionTrace:
 
     def summary(self, threshold: int = 256) -> dict[str, LengthSummary]:
         return session_summary(self.sessions, threshold)
+
+
+def mark_cold_prefixes(sessions: Iterable[Session]) -> None:
+    """Sets ``prefix_cold`` on the earliest-arriving session of each shared prefix."""
+    seen: set[str] = set()
+    for s in sorted(sessions, key=lambda s: s.arrival_s):
+        s.prefix_cold = bool(s.prefix_tokens) and s.prefix_id not in seen
+        seen.add(s.prefix_id)
 
 
 def session_summary(sessions: Iterable[Session], threshold: int = 256) -> dict[str, LengthSummary]:
@@ -177,7 +224,10 @@ def session_summary(sessions: Iterable[Session], threshold: int = 256) -> dict[s
 
 def _apply_options(s: Session, opts: TraceOptions, budget: int | None) -> tuple[Session, int, int]:
     """Scale lengths and times, cap turns at ``budget``; cut to ``max_len`` (see TraceOptions)."""
-    turns, history, truncated, dropped = [], 0, 0, 0
+    prefix = opts.scale_len(s.prefix_tokens) if s.prefix_tokens else 0
+    if opts.max_len is not None:
+        prefix = min(prefix, opts.max_len // 2)
+    turns, history, truncated, dropped = [], prefix, 0, 0
     for k, t in enumerate(s.turns):
         if budget is not None and len(turns) >= budget:
             break
@@ -190,7 +240,8 @@ def _apply_options(s: Session, opts: TraceOptions, budget: int | None) -> tuple[
             truncated = 1
         turns.append(Turn(n_in, n_out, t.think_s * opts.time_scale))
         history += n_in + n_out
-    return Session(s.session_id, s.arrival_s * opts.time_scale, turns), truncated, dropped
+    return (Session(s.session_id, s.arrival_s * opts.time_scale, turns, s.prefix_id, prefix),
+            truncated, dropped)
 
 
 def read_sessions_jsonl(path: str | os.PathLike[str],
