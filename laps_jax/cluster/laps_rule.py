@@ -32,6 +32,22 @@ other requests, as the delay a long request adds to larger queued ones is (`harm
 it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simulated H200
 study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
 no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
+
+`adaptive` (policy `laps-adaptive`, screened before it may become the default) changes two
+things, from the same numbers, for traffic where every instance queues:
+- once every eligible instance has at least its own long chunk pending, the margins are
+  dropped: no instance is idle, so keeping long work out of the short group protects nothing
+  a chunk's wait would not cost anyway, and the request takes the shortest predicted finish
+  across all instances, whichever group they are in;
+- a long request that fits one chunk (the 257-1,024-token band on the default grid) waits,
+  when the caller cannot list the pending long requests, for the chunk in progress and not for
+  all the long work (the long pool runs the least remaining first), plus the delay it adds to
+  the one larger request it overtakes (`harm`). Without it the network router priced such a
+  request at every queued long token and pushed it where long work was least, not where it
+  would start first.
+Breaking prefix affinity needs nothing new: the holder wins while its wait is under another
+instance's wait plus (1 + harm) x the recomputed history's cost, and loses once it is further
+behind than that (tests/test_routing_adaptive.py).
 """
 
 from __future__ import annotations
@@ -86,7 +102,8 @@ def pending_of(inp: LapsInputs) -> Callable[[int, str], float]:
 def pick_laps(inp: LapsInputs, groups: Groups, now: float,
               is_short: Callable[[int, int], bool], cost: Callable[[int, int, bool], float],
               chunk_s: float, spill_s: float, cross_s: float,
-              tie: Callable[[int], int], harm: float = 0.0) -> LapsDecision:
+              tie: Callable[[int], int], harm: float = 0.0,
+              adaptive: bool = False) -> LapsDecision:
     n = len(inp.loads)
     groups.update_draining(old_kind_left(groups, inp))
     total_short = sum(inp.short_loads)
@@ -101,14 +118,18 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
         short = is_short(new, inp.cached[i])
         shape[i] = short, cost(new, inp.cached[i], short)
     least = min(c for _, c in shape.values())
+    chunk_of = lambda i: chunk_s if inp.chunk is None else inp.chunk[i]
+    all_queue = adaptive and all(inp.loads[i] >= chunk_of(i) for i in members)
     best: tuple | None = None
     for i in members:
         short, c = shape[i]
         kind = SHORT if short else LONG
         long_left = max(inp.loads[i] - inp.short_loads[i], 0.0)
-        chunk = chunk_s if inp.chunk is None else inp.chunk[i]
+        chunk = chunk_of(i)
         if short:
             ahead = min(long_left, chunk)
+        elif adaptive and inp.long_items is None and c <= chunk:  # starts after the chunk
+            ahead = min(long_left, chunk) + (harm * c if long_left > chunk else 0.0)
         elif inp.long_items is None:
             ahead = long_left
         else:  # the long pool runs the least remaining first: larger work waits, but for a chunk
@@ -120,7 +141,7 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
             wait += inp.decode_step[i] * max(1, math.ceil(c / chunk - 1e-9))
         cross = groups.group[i] != kind
         margin = 0.0
-        if cross:
+        if cross and not all_queue:
             margin = cross_s if short else (0.0 if inp.loads[i] <= IDLE_S else spill_s)
         if inp.speed is not None:  # the work ahead and its own, at the instance's pace
             wait, c_here = wait * inp.speed[i], c * inp.speed[i]
