@@ -125,6 +125,9 @@ def parse(argv):
     rs.add_argument("--requests", type=int, default=100, help="requests per instance (100)")
     rs.add_argument("--output-dir", required=True,
                     help="rows.jsonl (as it runs), route_screen.json and .md go here")
+    rs.add_argument("--from-rows", nargs="+", default=None, metavar="ROWS_JSONL",
+                    help="run nothing: tabulate these rows.jsonl files (a later file's row "
+                         "replaces an earlier one of the same member, N, load and policy)")
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(rs)
     rs.set_defaults(func=study.cmd_route_screen)

@@ -1,5 +1,6 @@
 """The load-adaptive laps rule (`laps-adaptive`) on hand-made loads where the right choice is
-known: every instance queues, a one-chunk long request, and a far-behind prefix holder."""
+known: a prefix holder behind when every instance queues and when one is idle, a one-chunk
+long request, and a nearly idle short instance."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ def make(policy: str, n: int = 3, chunk_s: float = 0.25) -> RoutingPolicy:
                          full_step_s=1.0, chunk_s=chunk_s, cost=lambda new, c, s: new / 100)
 
 
-def test_when_every_instance_queues_the_shortest_finish_wins_across_groups():
-    # a 500-token request (5 s): the short-group instance finishes it at 2.0 + 5 = 7.0 s
-    # (its short work runs first, no long work there), the long one at 2.2 + 5 = 7.2 s
-    loads, short = [2.0, 2.2], [2.0, 0.0]
-    for policy, want in (("laps", 1), ("laps-adaptive", 0)):
-        p = make(policy, n=2)
-        assert p.group == [SHORT, LONG]
-        assert p.choose(500, [0, 0], loads, 0.0, short_loads=short).instance == want, policy
+def test_when_every_instance_queues_the_holder_keeps_its_history_longer():
+    # 3,000 tokens, 1,500 cached on instance 1: 15 s there, 30 s elsewhere. laps moves it
+    # once the holder is 30 s ((1 + harm) x 15) further behind; when every instance queues
+    # the recomputed 15 s is capacity lost to all, and laps-adaptive keeps it up to 45 s
+    def pick(policy: str, holder_wait: float) -> int:
+        return make(policy, chunk_s=4.0).choose(
+            3000, [0, 1500, 0], [100.0, holder_wait, 20.0], 0.0,
+            short_loads=[100.0, 0.0, 0.0]).instance
+    assert pick("laps", 20.0 + 40.0) == 2
+    assert pick("laps-adaptive", 20.0 + 40.0) == 1
+    assert pick("laps-adaptive", 20.0 + 46.0) == 2
 
 
 def test_a_nearly_idle_short_instance_keeps_the_group_margin():
@@ -57,12 +61,11 @@ def test_a_one_chunk_long_request_waits_for_the_chunk_not_all_the_long_work():
 
 @pytest.mark.parametrize("policy", ["laps", "laps-adaptive"])
 def test_prefix_affinity_breaks_once_the_holder_is_further_behind_than_the_recompute(policy):
-    # 3,000 tokens, 1,500 cached on instance 1: 15 s there, 30 s elsewhere, and the 15 s of
-    # history recomputed elsewhere is charged again (harm 1): the holder wins while its wait
-    # is under the other's + 30 s
+    # as above, but instance 2 is idle (not every instance queues): both rules move the
+    # request once the holder is more than (1 + harm) x 15 = 30 s behind
     def pick(holder_wait: float) -> int:
         p = make(policy, chunk_s=4.0)
-        loads = [100.0, holder_wait, 20.0]
+        loads = [100.0, holder_wait, 0.0]
         return p.choose(3000, [0, 1500, 0], loads, 0.0, short_loads=[100.0, 0.0, 0.0]).instance
-    assert pick(20.0 + 29.0) == 1
-    assert pick(20.0 + 31.0) == 2
+    assert pick(28.0) == 1
+    assert pick(32.0) == 2

@@ -35,19 +35,19 @@ no shared prefixes and does not change). The groups follow the compute (`groups.
 
 `adaptive` (policy `laps-adaptive`, screened before it may become the default) changes two
 things, from the same numbers, for traffic where every instance queues:
-- once every eligible instance has at least its own long chunk pending, the margins are
-  dropped: no instance is idle, so keeping long work out of the short group protects nothing
-  a chunk's wait would not cost anyway, and the request takes the shortest predicted finish
-  across all instances, whichever group they are in;
+- once every eligible instance has at least its own long chunk pending, history recomputed
+  away from its holder is charged at `BUSY_RECOMPUTE` x harm: with no instance idle nothing
+  absorbs the extra work, it is capacity lost to every request queued behind it, so the
+  holder keeps a request while it is up to (1 + 2 harm) x the recomputed cost behind
+  (1 + harm without the branch). A first version dropped the group margins in that state
+  instead (shortest predicted finish across the groups); the screening had it miss more SLOs
+  on RAG under overload (docs/SIMULATION.md, "Routers on the trace family"), so it went;
 - a long request that fits one chunk (the 257-1,024-token band on the default grid) waits,
   when the caller cannot list the pending long requests, for the chunk in progress and not for
   all the long work (the long pool runs the least remaining first), plus the delay it adds to
   the one larger request it overtakes (`harm`). Without it the network router priced such a
   request at every queued long token and pushed it where long work was least, not where it
-  would start first.
-Breaking prefix affinity needs nothing new: the holder wins while its wait is under another
-instance's wait plus (1 + harm) x the recomputed history's cost, and loses once it is further
-behind than that (tests/test_routing_adaptive.py).
+  would start first (the simulator lists the items, so its screening does not see this part).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from laps_jax.cluster.groups import Groups
 from laps_jax.scheduler.request import LONG, SHORT
 
 IDLE_S = 1e-9
+BUSY_RECOMPUTE = 2.0  # adaptive: recomputed history's weight (x harm) when every instance queues
 
 
 @dataclasses.dataclass
@@ -141,13 +142,14 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
             wait += inp.decode_step[i] * max(1, math.ceil(c / chunk - 1e-9))
         cross = groups.group[i] != kind
         margin = 0.0
-        if cross and not all_queue:
+        if cross:
             margin = cross_s if short else (0.0 if inp.loads[i] <= IDLE_S else spill_s)
         if inp.speed is not None:  # the work ahead and its own, at the instance's pace
             wait, c_here = wait * inp.speed[i], c * inp.speed[i]
         else:
             c_here = c
-        key = (wait + c_here + margin + harm * (c - least), tie(i))
+        recompute = harm * (c - least) * (BUSY_RECOMPUTE if all_queue else 1.0)
+        key = (wait + c_here + margin + recompute, tie(i))
         if best is None or key < best[0]:
             best = (key, LapsDecision(i, short, c, cross))
     d = best[1]

@@ -6,8 +6,9 @@
   with short and long groups sized by their share of the compute, an idle instance taking the
   other group's work, and moves with hysteresis, dwell and draining (`laps_rule.py`,
   `groups.py`).
-- `laps-adaptive`: laps with the load-adaptive rule (`laps_rule.py`: no group margins once
-  every instance queues; a one-chunk long request waits for the chunk in progress).
+- `laps-adaptive`: laps with the load-adaptive rule (`laps_rule.py`: recomputed history
+  weighs double once every instance queues; a one-chunk long request waits for the chunk in
+  progress).
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).

@@ -51,6 +51,19 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
     return rows
 
 
+def merge_rows(paths: list[str]) -> list[dict]:
+    """The rows of several rows.jsonl files; a later row replaces an earlier one of the same
+    member, N, load and policy."""
+    out: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    out[(r["member"], r["n"], r["load"], r["policy"])] = r
+    return list(out.values())
+
+
 def cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     out: dict[tuple, dict[str, dict]] = {}
     for r in rows:

@@ -155,10 +155,17 @@ def cmd_screen(args) -> int:
 
 def cmd_route_screen(args) -> int:
     """Every router policy behind N laps instances on the trace family, by round-robin's load."""
+    os.makedirs(args.output_dir, exist_ok=True)
+    if args.from_rows:
+        rows = route_screen.merge_rows(args.from_rows)
+        text = route_screen.markdown(rows)
+        with open(os.path.join(args.output_dir, "route_screen.md"), "w") as f:
+            f.write(text)
+        print(text)
+        return 0
     src = cli.model_source(args)
     inst = cli.instance_spec(args, src)
     sources = cli.workload_sources(args, src)
-    os.makedirs(args.output_dir, exist_ok=True)
     rows = route_screen.screen(args.members, args.instances, args.loads, src, inst, sources,
                                cli.run_spec(args, inst), args.requests, _log,
                                os.path.join(args.output_dir, "rows.jsonl"), args.policies)
