@@ -94,12 +94,16 @@ def _ratio(a: float, b: float) -> float | None:
 
 def markdown(rows: list[dict]) -> str:
     """Per member and band: pooled violations per policy, the candidates' ratios and goals;
-    then the worst member per band and candidate."""
+    then the worst member per band and candidate (rows without round-robin and prefix: only
+    one line per row)."""
+    if not {"round-robin", "prefix"} <= {r["policy"] for r in rows}:
+        return "\n".join(f"- {r['member']} N={r['n']} load {r['load']}: {r['policy']} "
+                         f"{r['violations']}/{r['completed']}" for r in rows) + "\n"
     pol = sorted({r["policy"] for r in rows}, key=lambda p: POLICIES.index(p))
     cands = [c for c in CANDIDATES if c in pol]
     head = (["member", "band (RR miss)", "cells"] + [f"{p} viol." for p in pol]
             + [f"{c}/{b}" for c in cands for b in ("RR", "prefix")]
-            + [f"{c} tok/s / min(RR, prefix)" for c in cands])
+            + [f"{c} tok/s / max(RR, prefix)" for c in cands])
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = pooled(rows)
     n_cells = {}
@@ -123,7 +127,7 @@ def markdown(rows: list[dict]) -> str:
                     if k not in worst or r > worst[k][0]:
                         worst[k] = (r, m)
         for c in cands:
-            t = _ratio(by[c][2], min(by["round-robin"][2], by["prefix"][2]))
+            t = _ratio(by[c][2], max(by["round-robin"][2], by["prefix"][2]))
             line.append("-" if t is None else f"{t:.3f}")
         out.append("| " + " | ".join(line) + " |")
     out.append("")
