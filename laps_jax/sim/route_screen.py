@@ -46,8 +46,9 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
                     if checkpoint:
                         with open(checkpoint, "a") as f:
                             f.write(json.dumps(row) + "\n")
+                done = rows[-len(policies):]
                 log(f"{m} N={n} load {x}: " + ", ".join(
-                    f"{r['policy']} {r['violations']}/{r['completed']}" for r in rows[-len(policies):]))
+                    f"{r['policy']} {r['violations']}/{r['completed']}" for r in done))
     return rows
 
 
