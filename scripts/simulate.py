@@ -29,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.bench import validate_command
-from laps_jax.sim import cli, study
+from laps_jax.sim import cli, route_screen, study
 
 WORKLOADS = "azure, mooncake (../shared/traces), lmsys (generated LMSYS-like sessions), " \
             "sessions (--sessions-file), or a member of the generated trace family " \
@@ -122,6 +122,27 @@ def parse(argv):
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(c)
     c.set_defaults(func=study.cmd_screen)
+
+    rs = sub.add_parser("route-screen", help="router policies on the trace family, by load")
+    rs.add_argument("--members", type=cli.csv(str), default=["chat-lmsys", "code-chat",
+                                                             "rag-docs", "agent-loop"],
+                    help="trace family members (chat-lmsys,code-chat,rag-docs,agent-loop)")
+    rs.add_argument("--instances", type=cli.csv(int), default=[2, 4, 8],
+                    help="instance counts (2,4,8)")
+    rs.add_argument("--loads", type=cli.csv(float), default=[0.5, 0.7, 0.9],
+                    help="offered loads, new tokens / physical limit (0.5,0.7,0.9)")
+    rs.add_argument("--policies", type=cli.csv(str), default=list(route_screen.POLICIES),
+                    help="router policies (round-robin,least-load,prefix,bucket,laps,"
+                         "laps-adaptive)")
+    rs.add_argument("--requests", type=int, default=100, help="requests per instance (100)")
+    rs.add_argument("--output-dir", required=True,
+                    help="rows.jsonl (as it runs), route_screen.json and .md go here")
+    rs.add_argument("--from-rows", nargs="+", default=None, metavar="ROWS_JSONL",
+                    help="run nothing: tabulate these rows.jsonl files (a later file's row "
+                         "replaces an earlier one of the same member, N, load and policy)")
+    for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
+        add(rs)
+    rs.set_defaults(func=study.cmd_route_screen)
 
     v = sub.add_parser("validate", help="simulate a compare_modes run and compare")
     v.add_argument("run_dir", help="compare_modes --output-dir (comparison.json, requests.jsonl)")

@@ -75,7 +75,7 @@ INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
 HOLD_AGING_TOKENS_PER_S = 1000.0  # held requests: credit per second held (cluster/hold.py)
-GROUPED = ("length-aware", "laps")  # policies with short and long groups
+GROUPED = ("length-aware", "laps", "laps-adaptive")  # policies with short and long groups
 
 
 class Estimate:

@@ -32,6 +32,22 @@ other requests, as the delay a long request adds to larger queued ones is (`harm
 it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simulated H200
 study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
 no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
+
+`adaptive` (policy `laps-adaptive`, screened before it may become the default) changes two
+things, from the same numbers, for traffic where every instance queues:
+- once every eligible instance has at least its own long chunk pending, history recomputed
+  away from its holder is charged at `BUSY_RECOMPUTE` x harm: with no instance idle nothing
+  absorbs the extra work, it is capacity lost to every request queued behind it, so the
+  holder keeps a request while it is up to (1 + 2 harm) x the recomputed cost behind
+  (1 + harm without the branch). A first version dropped the group margins in that state
+  instead (shortest predicted finish across the groups); the screening had it miss more SLOs
+  on RAG under overload (docs/SIMULATION.md, "Routers on the trace family"), so it went;
+- a long request that fits one chunk (the 257-1,024-token band on the default grid) waits,
+  when the caller cannot list the pending long requests, for the chunk in progress and not for
+  all the long work (the long pool runs the least remaining first), plus the delay it adds to
+  the one larger request it overtakes (`harm`). Without it the network router priced such a
+  request at every queued long token and pushed it where long work was least, not where it
+  would start first (the simulator lists the items, so its screening does not see this part).
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ from laps_jax.cluster.groups import Groups
 from laps_jax.scheduler.request import LONG, SHORT
 
 IDLE_S = 1e-9
+BUSY_RECOMPUTE = 2.0  # adaptive: recomputed history's weight (x harm) when every instance queues
 
 
 @dataclasses.dataclass
@@ -86,7 +103,8 @@ def pending_of(inp: LapsInputs) -> Callable[[int, str], float]:
 def pick_laps(inp: LapsInputs, groups: Groups, now: float,
               is_short: Callable[[int, int], bool], cost: Callable[[int, int, bool], float],
               chunk_s: float, spill_s: float, cross_s: float,
-              tie: Callable[[int], int], harm: float = 0.0) -> LapsDecision:
+              tie: Callable[[int], int], harm: float = 0.0,
+              adaptive: bool = False) -> LapsDecision:
     n = len(inp.loads)
     groups.update_draining(old_kind_left(groups, inp))
     total_short = sum(inp.short_loads)
@@ -101,14 +119,18 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
         short = is_short(new, inp.cached[i])
         shape[i] = short, cost(new, inp.cached[i], short)
     least = min(c for _, c in shape.values())
+    chunk_of = lambda i: chunk_s if inp.chunk is None else inp.chunk[i]
+    all_queue = adaptive and all(inp.loads[i] >= chunk_of(i) for i in members)
     best: tuple | None = None
     for i in members:
         short, c = shape[i]
         kind = SHORT if short else LONG
         long_left = max(inp.loads[i] - inp.short_loads[i], 0.0)
-        chunk = chunk_s if inp.chunk is None else inp.chunk[i]
+        chunk = chunk_of(i)
         if short:
             ahead = min(long_left, chunk)
+        elif adaptive and inp.long_items is None and c <= chunk:  # starts after the chunk
+            ahead = min(long_left, chunk) + (harm * c if long_left > chunk else 0.0)
         elif inp.long_items is None:
             ahead = long_left
         else:  # the long pool runs the least remaining first: larger work waits, but for a chunk
@@ -126,7 +148,8 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
             wait, c_here = wait * inp.speed[i], c * inp.speed[i]
         else:
             c_here = c
-        key = (wait + c_here + margin + harm * (c - least), tie(i))
+        recompute = harm * (c - least) * (BUSY_RECOMPUTE if all_queue else 1.0)
+        key = (wait + c_here + margin + recompute, tie(i))
         if best is None or key < best[0]:
             best = (key, LapsDecision(i, short, c, cross))
     d = best[1]

@@ -6,6 +6,12 @@
   with short and long groups sized by their share of the compute, an idle instance taking the
   other group's work, and moves with hysteresis, dwell and draining (`laps_rule.py`,
   `groups.py`).
+- `laps-adaptive`: laps with the load-adaptive rule (`laps_rule.py`: recomputed history
+  weighs double once every instance queues; a one-chunk long request waits for the chunk in
+  progress).
+- `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
+  range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
+  does (`bucket.py`).
 - `prefix`: a cache-aware baseline that decides as the SGLang Model Gateway's `cache_aware`
   does (`cache_aware.py`).
 - `length-aware` (the LAPS reference router, kept for the committed study): instances form a short group and a long group. A request is short when
@@ -33,12 +39,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence as Seq
 
+from laps_jax.cluster.bucket import Buckets, BucketSettings
 from laps_jax.cluster.cache_aware import CacheAwareSettings, pick_cache_aware
 from laps_jax.cluster.groups import Groups, GroupSettings
 from laps_jax.cluster.laps_rule import LapsInputs, pick_laps
 from laps_jax.scheduler.request import LONG, SHORT
 
-POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix")
+POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix", "bucket",
+            "laps-adaptive")
+LAPS = ("laps", "laps-adaptive")
 
 
 @dataclasses.dataclass
@@ -55,6 +64,7 @@ class RouterConfig:
     harm: float = 1.0                    # laps: weight of the delay a request adds to larger
                                          # ones and of the history it recomputes off its holder
     cache_aware: CacheAwareSettings = dataclasses.field(default_factory=CacheAwareSettings)
+    bucket: BucketSettings = dataclasses.field(default_factory=BucketSettings)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -101,6 +111,7 @@ class RoutingPolicy:
         self.spill_s = full_step_s if config.spill_s is None else config.spill_s
         self.chunk_s = full_step_s / 4 if chunk_s is None else chunk_s
         self.cost = cost or (lambda new, cached, short: float(new))
+        self.buckets = Buckets(n, config.bucket)
         self._rr = 0
         self._last_rebalance: float | None = None
 
@@ -129,13 +140,17 @@ class RoutingPolicy:
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
         p = self.config.policy
-        if p == "laps" and self.n > 1:
+        if p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
                                 decode_step, chunk, speed)
         elif p == "prefix":
             i, by_cache = pick_cache_aware(prompt_len, cached, inflight or [0] * self.n,
                                            self.stats.routed, ok, self.config.cache_aware)
             self.stats.by_affinity += by_cache
+        elif p == "bucket":
+            i, by_balance = self.buckets.pick(prompt_len, self.cost(prompt_len, 0, False), loads,
+                                              now, ok, self.spill_s)
+            self.stats.spilled += by_balance
         else:
             i = self._pick(prompt_len, cached, loads, now, ok)
         self.stats.routed[i] += 1
@@ -185,7 +200,7 @@ class RoutingPolicy:
                          [ok(k) for k in range(self.n)], long_items, decode_step, chunk, speed)
         d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
                       self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
-                      self.config.harm)
+                      self.config.harm, adaptive=self.config.policy == "laps-adaptive")
         self._rr = (d.instance + 1) % self.n
         for _ in self.groups.moves[before:]:
             self.stats.moves += 1

@@ -17,7 +17,8 @@ from laps_jax.cluster.pace import FORGET_S, PACE_WEIGHT
 from laps_jax.server import pd_secret
 
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
-                "round-robin": "round-robin", "least-load": "least-load"}
+                "round-robin": "round-robin", "least-load": "least-load",
+                "laps-adaptive": "laps-adaptive", "bucket": "bucket"}
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
@@ -56,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "prefix match over half the prompt, else least requests in flight); "
                          "length-aware: the LAPS reference router (fixed groups, one move per "
                          "5 s on a 2x pending ratio; laps before this version); round-robin; "
-                         "least-load: least pending prefill tokens. round-robin, least-load and "
+                         "least-load: least pending prefill tokens; laps-adaptive: laps with "
+                         "the load-adaptive rule (screened in docs/SIMULATION.md); bucket: "
+                         "prompt-length ranges per instance levelled on the recent work, like "
+                         "the SGLang gateway's bucket. round-robin, least-load and "
                          "length-aware send a request to the instance caching half its prompt")
     ap.add_argument("--no-affinity", action="store_true",
                     help="round-robin, least-load, length-aware: place by the policy alone, "

@@ -14,7 +14,7 @@ import os
 import sys
 
 from laps_jax.cluster.inprocess import RouterConfig
-from laps_jax.sim import cli, plots, screen, sweep, tables
+from laps_jax.sim import cli, plots, route_screen, screen, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
 
@@ -150,6 +150,32 @@ def cmd_screen(args) -> int:
         json.dump({"meta": meta, **result}, f, indent=1, default=str)
     text = f"command: `{meta['command']}`\n" + screen.markdown(result)
     with open(os.path.join(args.output_dir, "screen.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+def cmd_route_screen(args) -> int:
+    """Every router policy behind N laps instances on the trace family, by round-robin's load."""
+    os.makedirs(args.output_dir, exist_ok=True)
+    if args.from_rows:
+        rows = route_screen.merge_rows(args.from_rows)
+        text = route_screen.markdown(rows)
+        with open(os.path.join(args.output_dir, "route_screen.md"), "w") as f:
+            f.write(text)
+        print(text)
+        return 0
+    src = cli.model_source(args)
+    inst = cli.instance_spec(args, src)
+    sources = cli.workload_sources(args, src)
+    rows = route_screen.screen(args.members, args.instances, args.loads, src, inst, sources,
+                               cli.run_spec(args, inst), args.requests, _log,
+                               os.path.join(args.output_dir, "rows.jsonl"), args.policies)
+    meta = _meta(args, src, inst)
+    with open(os.path.join(args.output_dir, "route_screen.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    text = f"command: `{meta['command']}`\n\n" + route_screen.markdown(rows)
+    with open(os.path.join(args.output_dir, "route_screen.md"), "w") as f:
         f.write(text)
     print(text)
     return 0

@@ -1,0 +1,140 @@
+"""Screening the routers on the trace family: every policy behind N laps instances, per member,
+instance count and load, reported as the router issue's goals are set.
+
+Each cell (member, N, load) runs every policy on the same arrivals. A cell's band is
+round-robin's SLO miss rate there: light (< 20%), medium (20-50%), heavy (> 50%), as
+bench_routers.py groups its live blocks. Violations are pooled over a band's cells (counts,
+not a mean of rates), and each laps variant is set against round-robin and against `prefix`
+(the SGLang gateway's cache_aware decisions), per member and for the worst member.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from laps_jax.bench.load_groups import GROUPS, group_of as band_of
+from laps_jax.sim.sweep import Point, run_point
+
+POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive")
+CANDIDATES = ("laps", "laps-adaptive")
+BANDS = tuple(name for name, _, _ in GROUPS)
+# (band, against) -> the goal on pooled violations (issue: light and medium <= 0.72x RR and
+# <= 0.88x cache_aware; heavy <= 0.95x RR and <= 1.0x cache_aware)
+GOALS = {("light", "round-robin"): 0.72, ("medium", "round-robin"): 0.72,
+         ("heavy", "round-robin"): 0.95, ("light", "prefix"): 0.88,
+         ("medium", "prefix"): 0.88, ("heavy", "prefix"): 1.0}
+
+
+def screen(members: list[str], counts: list[int], loads: list[float], src, inst, sources,
+           base, requests: int, log: Callable[[str], None] = print,
+           checkpoint: str | None = None, policies=POLICIES) -> list[dict]:
+    """One row per (member, N, load, policy): its SLO misses, requests and tok/s."""
+    rows = []
+    for m in members:
+        for n in counts:
+            for x in loads:
+                for pol in policies:
+                    r = run_point(Point(m, "laps", n, pol, load=x, requests=requests),
+                                  src, inst, sources, base)
+                    row = {"member": m, "n": n, "load": x, "policy": pol,
+                           "completed": r.get("completed") or 0,
+                           "violations": round((r.get("slo_violation_rate") or 0.0)
+                                               * (r.get("completed") or 0)),
+                           "tok_s": r.get("prompt_tok_s") or 0.0, "wall_s": r["wall_s"]}
+                    rows.append(row)
+                    if checkpoint:
+                        with open(checkpoint, "a") as f:
+                            f.write(json.dumps(row) + "\n")
+                done = rows[-len(policies):]
+                log(f"{m} N={n} load {x}: " + ", ".join(
+                    f"{r['policy']} {r['violations']}/{r['completed']}" for r in done))
+    return rows
+
+
+def merge_rows(paths: list[str]) -> list[dict]:
+    """The rows of several rows.jsonl files; a later row replaces an earlier one of the same
+    member, N, load and policy."""
+    out: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    out[(r["member"], r["n"], r["load"], r["policy"])] = r
+    return list(out.values())
+
+
+def cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    out: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        out.setdefault((r["member"], r["n"], r["load"]), {})[r["policy"]] = r
+    return out
+
+
+def pooled(rows: list[dict]) -> dict:
+    """Per (member or 'all', band): each policy's pooled violations, requests and tok/s."""
+    out: dict[tuple, dict[str, list[float]]] = {}
+    for (m, _, _), by in cells(rows).items():
+        rr = by.get("round-robin")
+        if rr is None or not rr["completed"]:
+            continue
+        band = band_of(rr["violations"] / rr["completed"])
+        for key in ((m, band), ("all members", band)):
+            for pol, r in by.items():
+                acc = out.setdefault(key, {}).setdefault(pol, [0, 0, 0.0])
+                acc[0] += r["violations"]
+                acc[1] += r["completed"]
+                acc[2] += r["tok_s"]
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return (1.0 if a == 0 else None) if b == 0 else a / b
+
+
+def markdown(rows: list[dict]) -> str:
+    """Per member and band: pooled violations per policy, the candidates' ratios and goals;
+    then the worst member per band and candidate (rows without round-robin and prefix: only
+    one line per row)."""
+    if not {"round-robin", "prefix"} <= {r["policy"] for r in rows}:
+        return "\n".join(f"- {r['member']} N={r['n']} load {r['load']}: {r['policy']} "
+                         f"{r['violations']}/{r['completed']}" for r in rows) + "\n"
+    pol = sorted({r["policy"] for r in rows}, key=lambda p: POLICIES.index(p))
+    cands = [c for c in CANDIDATES if c in pol]
+    head = (["member", "band (RR miss)", "cells"] + [f"{p} viol." for p in pol]
+            + [f"{c}/{b}" for c in cands for b in ("RR", "prefix")]
+            + [f"{c} tok/s / max(RR, prefix)" for c in cands])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups = pooled(rows)
+    n_cells = {}
+    for (m, n, x), by in cells(rows).items():
+        rr = by["round-robin"]
+        b = band_of(rr["violations"] / max(rr["completed"], 1))
+        for key in ((m, b), ("all members", b)):
+            n_cells[key] = n_cells.get(key, 0) + 1
+    worst: dict[tuple, tuple[float, str]] = {}
+    for (m, b), by in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all members",
+                                                             kv[0][0], BANDS.index(kv[0][1]))):
+        line = [m, b, str(n_cells[(m, b)])]
+        line += [f"{by[p][0]:.0f}/{by[p][1]:.0f}" for p in pol]
+        for c in cands:
+            for base in ("round-robin", "prefix"):
+                r = _ratio(by[c][0] / max(by[c][1], 1), by[base][0] / max(by[base][1], 1))
+                goal = GOALS[(b, base)]
+                line.append("-" if r is None else f"{r:.2f}{'' if r <= goal else ' ✗'}")
+                if r is not None and m != "all members":
+                    k = (c, base, b)
+                    if k not in worst or r > worst[k][0]:
+                        worst[k] = (r, m)
+        for c in cands:
+            t = _ratio(by[c][2], max(by["round-robin"][2], by["prefix"][2]))
+            line.append("-" if t is None else f"{t:.3f}")
+        out.append("| " + " | ".join(line) + " |")
+    out.append("")
+    for (c, base, b), (r, m) in sorted(worst.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                      BANDS.index(kv[0][2]))):
+        goal = GOALS[(b, base)]
+        out.append(f"- {c} / {base}, {b} blocks: worst member {m} {r:.2f} (goal <= {goal}: "
+                   f"{'met' if r <= goal else 'missed'})")
+    return "\n".join(out) + "\n"

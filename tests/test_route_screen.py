@@ -1,0 +1,29 @@
+"""The router screening's tables: cells banded by round-robin's misses, violations pooled as
+counts per band, the candidates' ratios against the goals and the worst member (hand-made
+rows, no simulation)."""
+
+from __future__ import annotations
+
+from laps_jax.sim.route_screen import markdown, pooled
+
+
+def rows_for(member: str, n: int, load: float, viol: dict[str, int], done: int = 100):
+    return [{"member": member, "n": n, "load": load, "policy": p, "completed": done,
+             "violations": v, "tok_s": 1000.0} for p, v in viol.items()]
+
+
+def test_bands_pool_counts_and_the_worst_member_is_named():
+    base = {"least-load": 0, "bucket": 0}
+    rows = (rows_for("a", 2, 0.5, {"round-robin": 10, "prefix": 8, "laps": 5, **base})
+            + rows_for("a", 4, 0.5, {"round-robin": 0, "prefix": 2, "laps": 1, **base})
+            + rows_for("b", 2, 0.9, {"round-robin": 60, "prefix": 50, "laps": 55, **base}))
+    g = pooled(rows)
+    # member a's two cells are light (RR 10% and 0%): counts add, not rates
+    assert g[("a", "light")]["laps"][:2] == [6, 200]
+    assert g[("a", "light")]["round-robin"][:2] == [10, 200]
+    assert ("b", "heavy") in g and ("all members", "heavy") in g
+    md = markdown(rows)
+    # a light: 6/10 = 0.60 <= 0.72 vs RR; 6/10 vs prefix = 0.60; b heavy: 55/50 = 1.10 > 1.0
+    assert "| a | light | 2 |" in md and "0.60" in md
+    assert "laps / prefix, heavy blocks: worst member b 1.10 (goal <= 1.0: missed)" in md
+    assert "laps / round-robin, light blocks: worst member a 0.60 (goal <= 0.72: met)" in md

@@ -1,0 +1,71 @@
+"""The load-adaptive laps rule (`laps-adaptive`) on hand-made loads where the right choice is
+known: a prefix holder behind when every instance queues and when one is idle, a one-chunk
+long request, and a nearly idle short instance."""
+
+from __future__ import annotations
+
+import pytest
+
+from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
+from laps_jax.scheduler.request import LONG, SHORT
+
+
+def make(policy: str, n: int = 3, chunk_s: float = 0.25) -> RoutingPolicy:
+    """Cost = new tokens / 100 (s), short at <= 64 new tokens, a full step 1 s; groups fixed
+    (no moves) so only the rule decides."""
+    from laps_jax.cluster.groups import GroupSettings
+    frozen = GroupSettings(hysteresis=1e6)
+    return RoutingPolicy(n, RouterConfig(policy=policy, groups=frozen), lambda new, c: new <= 64,
+                         full_step_s=1.0, chunk_s=chunk_s, cost=lambda new, c, s: new / 100)
+
+
+def test_when_every_instance_queues_the_holder_keeps_its_history_longer():
+    # 3,000 tokens, 1,500 cached on instance 1: 15 s there, 30 s elsewhere. laps moves it
+    # once the holder is 30 s ((1 + harm) x 15) further behind; when every instance queues
+    # the recomputed 15 s is capacity lost to all, and laps-adaptive keeps it up to 45 s
+    def pick(policy: str, holder_wait: float) -> int:
+        return make(policy, chunk_s=4.0).choose(
+            3000, [0, 1500, 0], [100.0, holder_wait, 20.0], 0.0,
+            short_loads=[100.0, 0.0, 0.0]).instance
+    assert pick("laps", 20.0 + 40.0) == 2
+    assert pick("laps-adaptive", 20.0 + 40.0) == 1
+    assert pick("laps-adaptive", 20.0 + 46.0) == 2
+
+
+def test_a_nearly_idle_short_instance_keeps_the_group_margin():
+    # the short instance has 0.2 s pending (under one chunk): it still serves short work with
+    # nothing in the way, so long work keeps off it unless it is idle, as before
+    loads, short = [0.2, 0.3], [0.2, 0.0]
+    for policy in ("laps", "laps-adaptive"):
+        p = make(policy, n=2)
+        assert p.choose(500, [0, 0], loads, 0.0, short_loads=short).instance == 1, policy
+
+
+def test_a_one_chunk_long_request_waits_for_the_chunk_not_all_the_long_work():
+    # chunk 4 s; a 300-token request (3 s) is long and fits one chunk. Instance 1 has one
+    # 30 s request pending, instance 2 two of 8 s and 1 s of short work; the long pool runs
+    # the least remaining first, so the truth (what the rule computes from the items) is
+    # instance 1: 4 s chunk + 3 s + 3 s delay to the one larger = 10 vs 1 + 4 + 6 + 3 = 14
+    loads, short = [50.0, 30.0, 17.0], [50.0, 0.0, 1.0]
+    items = [[], [30.0], [8.0, 8.0]]
+    truth = make("laps", chunk_s=4.0).choose(300, [0] * 3, loads, 0.0, short_loads=short,
+                                             long_items=items).instance
+    assert truth == 1
+    # without the items (the network router) the old rule counts all 30 s on instance 1
+    blind = make("laps", chunk_s=4.0).choose(300, [0] * 3, loads, 0.0, short_loads=short)
+    assert blind.instance == 2
+    adaptive = make("laps-adaptive", chunk_s=4.0).choose(300, [0] * 3, loads, 0.0,
+                                                         short_loads=short)
+    assert adaptive.instance == truth
+
+
+@pytest.mark.parametrize("policy", ["laps", "laps-adaptive"])
+def test_prefix_affinity_breaks_once_the_holder_is_further_behind_than_the_recompute(policy):
+    # as above, but instance 2 is idle (not every instance queues): both rules move the
+    # request once the holder is more than (1 + harm) x 15 = 30 s behind
+    def pick(holder_wait: float) -> int:
+        p = make(policy, chunk_s=4.0)
+        loads = [100.0, holder_wait, 0.0]
+        return p.choose(3000, [0, 1500, 0], loads, 0.0, short_loads=[100.0, 0.0, 0.0]).instance
+    assert pick(28.0) == 1
+    assert pick(32.0) == 2
