@@ -6,7 +6,8 @@ group, with their ratios to the references, as one table in routers.md (`load_ma
 
 from __future__ import annotations
 
-GROUPS = (("light", 0.0, 0.2), ("medium", 0.2, 0.5), ("heavy", 0.5, 1.01))
+from laps_jax.sim.load_bands import GROUPS, group_of
+
 BY = "round-robin"  # the router whose misses set a block's load: plain data parallelism
 
 
@@ -15,13 +16,6 @@ def _count(row: dict) -> tuple[int, int]:
     v = row["slo_violations"] if "slo_violations" in row \
         else round(row["slo_violation_rate"] * n)
     return v, n
-
-
-def group_of(rate: float) -> str:
-    for name, lo, hi in GROUPS:
-        if lo <= rate < hi:
-            return name
-    return GROUPS[-1][0]
 
 
 def by_load(rounds: list[dict[str, dict]], by: str = BY) -> dict[str, dict]:

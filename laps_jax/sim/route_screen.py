@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from laps_jax.bench.load_groups import GROUPS, group_of as band_of
+from laps_jax.sim.load_bands import GROUPS, group_of as band_of
 from laps_jax.sim.sweep import Point, run_point
 
 POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive")
