@@ -12,7 +12,8 @@ import threading
 from aiohttp import web
 
 from laps_jax.scheduler.dispatcher import Dispatcher
-from laps_jax.server.app import ServerState, create_app
+from laps_jax.server.app import create_app
+from laps_jax.server.state import ServerState
 from laps_jax.server.http_runner import make_runner
 from laps_jax.server.shutdown import shut_down
 

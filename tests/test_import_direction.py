@@ -110,6 +110,100 @@ def test_no_cycle_between_packages():
             visit(p, [])
 
 
+# import circles between modules of one package that are known and not yet broken (package ->
+# the modules of the circle); empty: every package's modules import one way
+CIRCLES_ALLOWED: dict[str, set[str]] = {}
+
+
+def _module_graph(root: str, pkg: str) -> dict[str, set[str]]:
+    """module -> the modules of its own package it imports (anywhere in it: a function-level
+    or TYPE_CHECKING import counts), for the package `pkg` at `root`. Importing a name from the
+    package itself (its __init__) is no edge: __init__ only gathers names."""
+    names = {f[:-3] for f in os.listdir(root) if f.endswith(".py") and f != "__init__.py"}
+    graph = {}
+    for name in sorted(names):
+        deps = set()
+        tree = ast.parse(open(os.path.join(root, name + ".py"), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:
+                mods = [f"{pkg}.{node.module}"] if node.module else \
+                    [f"{pkg}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for m in mods:
+                rest = m[len(pkg) + 1:].split(".")[0] if m.startswith(pkg + ".") else None
+                if rest in names and rest != name:
+                    deps.add(rest)
+        graph[name] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _packages() -> list[str]:
+    return sorted(os.path.relpath(d, PKG) for d, _, files in os.walk(PKG)
+                  if "__init__.py" in files and d != PKG and "__pycache__" not in d)
+
+
+@pytest.mark.parametrize("pkg", _packages())
+def test_no_import_circle_inside_a_package(pkg):
+    dotted = "laps_jax." + pkg.replace(os.sep, ".")
+    found = _circles(_module_graph(os.path.join(PKG, pkg), dotted))
+    allowed = CIRCLES_ALLOWED.get(pkg, set())
+    bad = [sorted(c) for c in found if not c <= allowed]
+    assert not bad, f"laps_jax/{pkg}: modules import each other in a circle: {bad}"
+
+
+def test_a_circle_is_seen(tmp_path):
+    """A circle closed only by a TYPE_CHECKING import and a function-level one is still one."""
+    root = tmp_path / "laps_jax" / "p"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from laps_jax.p.b import B\n")
+    (root / "b.py").write_text("def f():\n    from . import c\n")
+    (root / "c.py").write_text("import laps_jax.p.a\n")
+    (root / "d.py").write_text("from laps_jax.p.a import x\n")  # into the circle, not in it
+    graph = _module_graph(str(root), "laps_jax.p")
+    assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [{"a", "b", "c"}]
+    assert _circles({**graph, "c": set()}) == []
+
+
 def test_the_rules_can_fail(tmp_path):
     """The reader sees a function-level import (what a lazy import would hide)."""
     f = tmp_path / "m.py"

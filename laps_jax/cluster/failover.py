@@ -30,7 +30,7 @@ from aiohttp import web
 from laps_jax.cluster.hold import HoldFull
 from laps_jax.cluster.instances import log
 from laps_jax.cluster.proxy import Broken, Passage, Unsent, _gone_error, pass_through
-from laps_jax.server.app import STATE
+from laps_jax.server.state import STATE
 from laps_jax.server.protocol import APIError
 from laps_jax.server.resume import TOKEN_IDS_HEADER
 

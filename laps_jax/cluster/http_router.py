@@ -62,9 +62,9 @@ from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, text_hashes
 from laps_jax.server import loop_lag
-from laps_jax.server.app import (GUARDED, STATE, ServerState, _read_body, decode_json,
-                                 errors_and_auth)
+from laps_jax.server.app import errors_and_auth
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
+from laps_jax.server.state import GUARDED, STATE, ServerState, decode_json, read_body
 
 CHARS_PER_TOKEN = 4      # text length per token when the router has no tokenizer
 MAX_TEXT_BLOCKS = 8192   # text blocks hashed per prompt (512 KiB: a longer prefix adds little)
@@ -328,7 +328,7 @@ ROUTER = web.AppKey("router", HTTPRouter)
 
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     router, state = request.app[ROUTER], request.app[STATE]
-    raw = await _read_body(request, state.read_timeout_s)
+    raw = await read_body(request, state.read_timeout_s)
     parse = functools.partial(estimate, raw, kind, router.tokenizer, router.max_model_len)
     # a small body is read here: a hop to a worker thread costs more (and on busy cores,
     # a wait for the thread to be scheduled) than its parse

@@ -11,12 +11,10 @@ import asyncio
 import dataclasses
 import itertools
 import math
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 from laps_jax.engine.sequence import Sequence, TokenLogprobs
-
-if TYPE_CHECKING:
-    from laps_jax.scheduler.lane import Lane
+from laps_jax.scheduler.executor import StepExecutor
 
 _ids = itertools.count()
 SHORT, LONG = "short", "long"
@@ -73,6 +71,16 @@ class RequestStats:
         return d
 
 
+class Placement(Protocol):
+    """The lane a request was placed on, as far as the request's holders use it: the dispatcher
+    aborts through it, the simulator reads its executor. Named here, not imported from lane.py,
+    so that lane.py (which runs requests) depends on this module and not the other way."""
+
+    executor: StepExecutor
+
+    def abort(self, r: Request) -> None: ...
+
+
 @dataclasses.dataclass(eq=False)
 class Request:
     """Scheduler state of one request. Ordered fields are read by pools and the window."""
@@ -85,7 +93,7 @@ class Request:
     delivered: int = 0           # output tokens already handed to the handle
     aborted: bool = False
     error: str | None = None     # why it failed (finish_reason "error"), for its client
-    lane: "Lane | None" = None
+    lane: Placement | None = None
     handle: "RequestHandle | None" = None
     pd_offer: bool = False       # prefill/decode split: offer the K/V after prefill (pd.py)
     handoff: dict | None = None  # ... and the offer's descriptor, once made

@@ -21,7 +21,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from laps_jax.server.app import STATE
+from laps_jax.server.state import STATE
 from laps_jax.server.protocol import APIError
 
 SHUTDOWN_GRACE_S = 5.0

@@ -37,9 +37,10 @@ from prometheus_client.core import GaugeMetricFamily
 from laps_jax.scheduler.pd import NoRoom, Offers, PDConfig
 from laps_jax.scheduler.pd_adopt import Adopter
 from laps_jax.server import pd_secret
-from laps_jax.server.app import ServerState, check_room, decode_json, respond, submit
 from laps_jax.server.handoff_check import Handoff, check_offer, read_handoff
+from laps_jax.server.openai_api import answer
 from laps_jax.server.protocol import APIError, GenerationRequest
+from laps_jax.server.state import ServerState, check_room, decode_json, submit
 
 log = logging.getLogger("laps_jax.server")
 HANDOFF_HEADER = "X-Laps-PD-Handoff"
@@ -194,7 +195,7 @@ async def _decode(request: web.Request, state: ServerState, req: GenerationReque
         raise APIError(handle.error or "KV transfer failed", 502, "kv_transfer_failed")
     if offer is not None and RELEASE_HEADER in request.headers:  # pulled: free it there now
         state.pd.release_early(request.headers[RELEASE_HEADER], offer.uuid, state.api_key)
-    return await respond(request, state, req, handle)
+    return await answer(request, state, req, handle)
 
 
 __all__ = ["HANDOFF_HEADER", "PDServer", "pd_generate", "pd_leg"]

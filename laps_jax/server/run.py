@@ -65,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def serve(args, log) -> int:
     from laps_jax.scheduler.dispatcher import Dispatcher
-    from laps_jax.server.app import ServerState, create_app
+    from laps_jax.server.app import create_app
     from laps_jax.server.http_runner import make_runner
     from laps_jax.server.shutdown import shut_down
+    from laps_jax.server.state import ServerState
 
     t0 = time.perf_counter()
     secret = None

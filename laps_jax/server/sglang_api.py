@@ -25,10 +25,10 @@ import json
 
 from aiohttp import web
 
-from laps_jax.server.app import (STATE, ServerState, _events, _failure, _finish_reason,
-                                 _read_body, collect, decode_json, respond, submit)
+from laps_jax.server.handling import collect, events, failure, finish_reason, respond
 from laps_jax.server.output import TextStream
 from laps_jax.server.protocol import APIError, GenerationRequest, parse_request
+from laps_jax.server.state import STATE, ServerState, decode_json, read_body, submit
 
 # sampling_params keys served, and the OpenAI field each one becomes
 SAMPLING_KEYS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
@@ -82,9 +82,9 @@ def _reply(handle, req: GenerationRequest, text: str, ids: list[int], reason=Non
 
 
 async def _whole(request, state, req: GenerationRequest, handle) -> web.Response:
-    events, text, stats = await collect(request, state, req, handle)
-    return web.json_response(_reply(handle, req, text.text, [ev.token_id for ev in events],
-                                    _finish_reason(stats, text)))
+    got, text, stats = await collect(request, state, req, handle)
+    return web.json_response(_reply(handle, req, text.text, [ev.token_id for ev in got],
+                                    finish_reason(stats, text)))
 
 
 async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamResponse:
@@ -96,7 +96,7 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
         await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
     text, ids, sent = TextStream(state.tokenizer, req.stop), [], ""
-    async for ev in _events(handle, request):
+    async for ev in events(handle, request):
         ids.append(ev.token_id)
         sent += text.push(ev.token_id)
         await send(_reply(handle, req, sent, ids))
@@ -105,10 +105,10 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
             break
     sent += text.finish()
     stats = await handle.result()
-    if (err := _failure(handle)) is not None:
+    if (err := failure(handle)) is not None:
         await send(err.body())
     else:
-        await send(_reply(handle, req, sent, ids, _finish_reason(stats, text)))
+        await send(_reply(handle, req, sent, ids, finish_reason(stats, text)))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -116,7 +116,7 @@ async def _stream(request, state, req: GenerationRequest, handle) -> web.StreamR
 
 async def generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    raw = await _read_body(request, state.read_timeout_s)
+    raw = await read_body(request, state.read_timeout_s)
     req = await asyncio.get_running_loop().run_in_executor(
         state.parse_pool, functools.partial(_parse, raw, state))
     return await respond(request, state, req, submit(state, req), _whole, _stream)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from laps_jax.server.app import ServerState
+from laps_jax.server.state import ServerState
 from laps_jax.server.http_runner import SHUTDOWN_GRACE_S
 
 GRACE_S = SHUTDOWN_GRACE_S  # after the deadline: for the engine to stop
