@@ -4,6 +4,7 @@ context and chunk settings that each start or are refused in one line before com
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -31,6 +32,18 @@ def _chat(url: str) -> dict:
 
 
 @pytest.mark.slow
+def _cuda_plugin_loader_line(line: str) -> bool:
+    """The two lines JAX's CUDA plugin (the gpu-aot extra, installed for the H200 compile
+    tests) prints from native code each time it loads on a machine with no NVIDIA driver; no
+    setting silences them. The README's own install (no extras) prints neither."""
+    if importlib.util.find_spec("jax_plugins") is None or \
+            importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return False
+    return (line == "WARNING: All log messages before absl::InitializeLog() is called are "
+                    "written to STDERR"
+            or line.endswith("Could not find cuda drivers on your machine, GPU will not be used."))
+
+
 def test_readme_serve_command_starts_three_times():
     """`python scripts/serve.py` with no flag but --port: ready, an answer, SIGTERM, exit 0;
     three times in a row (the first compiles, the others read the persistent cache)."""
@@ -58,7 +71,8 @@ def test_readme_serve_command_starts_three_times():
         assert out["usage"]["completion_tokens"] >= 1
         answers.append(out["choices"][0]["message"]["content"])
         lines = [l for l in text.replace("\r", "\n").splitlines() if l.strip()]
-        assert "Traceback" not in text and "WARNING" not in text, text
+        ours = "\n".join(l for l in lines if not _cuda_plugin_loader_line(l))
+        assert "Traceback" not in text and "WARNING" not in ours, text
         # the context follows the model (the built-in model's 2,048 tokens), said once
         assert any(l.startswith("context 2048 tokens") for l in lines), text
         assert any(l.startswith("ran each bucket once") for l in lines), text
