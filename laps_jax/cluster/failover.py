@@ -29,7 +29,7 @@ from aiohttp import web
 
 from laps_jax.cluster.hold import HoldFull
 from laps_jax.cluster.instances import log
-from laps_jax.cluster.proxy import Broken, Passage, Unsent, _gone_error, pass_through
+from laps_jax.cluster.proxy import Broken, Passage, Unsent, gone_error, pass_through
 from laps_jax.server.state import STATE
 from laps_jax.server.protocol import APIError
 from laps_jax.server.resume import TOKEN_IDS_HEADER
@@ -97,7 +97,7 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
             if passage.finished:
                 return await passage.close()
             if not passage.marked:  # no token ids: it cannot be resumed
-                return await passage.fail(_gone_error(inst, e.why))
+                return await passage.fail(gone_error(inst, e.why))
             metrics.resumes.inc()
             log.warning("stream %s resumed: %s failed after %d tokens (%s)", passage.id,
                         inst.url, len(passage.ids), e.why)

@@ -29,7 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from laps_jax.cluster.instances import Instance
-from laps_jax.cluster.proxy import InstanceDown, _gone_error, _Gone, _race, relay
+from laps_jax.cluster.proxy import Gone, InstanceDown, gone_error, race, relay
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import pd_secret
 from laps_jax.server.protocol import APIError
@@ -106,12 +106,12 @@ class PDSplit:
         down = asyncio.get_running_loop().create_future()
         p.inflight.add(down)
         try:
-            async with await _race(r.session.post(p.url + path, data=raw, headers={
+            async with await race(r.session.post(p.url + path, data=raw, headers={
                     "Content-Type": "application/json", **self.headers,
                     PD_HEADER: "prefill"}), down) as up:
-                return up.status, await _race(up.read(), down)
-        except (_Gone, aiohttp.ClientError) as e:
-            raise _gone_error(p, str(e) or type(e).__name__) from None
+                return up.status, await race(up.read(), down)
+        except (Gone, aiohttp.ClientError) as e:
+            raise gone_error(p, str(e) or type(e).__name__) from None
         finally:
             p.inflight.discard(down)
 

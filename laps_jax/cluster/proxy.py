@@ -65,12 +65,12 @@ class BadStream(Exception):
     """An instance's stream is not the SSE it should be."""
 
 
-class _Gone(Exception):
+class Gone(Exception):
     """The instance stopped answering after the request was sent."""
 
 
-async def _race(aw, down: asyncio.Future):
-    """`aw`'s result, or _Gone when the instance goes down first."""
+async def race(aw, down: asyncio.Future):
+    """`aw`'s result, or Gone when the instance goes down first."""
     task = asyncio.ensure_future(aw)
     try:
         await asyncio.wait({task, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -80,23 +80,23 @@ async def _race(aw, down: asyncio.Future):
     if task.done():
         return task.result()
     task.cancel()
-    raise _Gone(HUNG)
+    raise Gone(HUNG)
 
 
 async def _read(aw, down: asyncio.Future):
-    """`aw`'s result, a read of an answer whose connection `down` closes: _Gone when it did."""
+    """`aw`'s result, a read of an answer whose connection `down` closes: Gone when it did."""
     try:
         out = await aw
     except aiohttp.ClientError:
         if down.done():
-            raise _Gone(HUNG) from None
+            raise Gone(HUNG) from None
         raise
     if down.done():
-        raise _Gone(HUNG)
+        raise Gone(HUNG)
     return out
 
 
-def _gone_error(inst: Instance, why: str) -> APIError:
+def gone_error(inst: Instance, why: str) -> APIError:
     return APIError(f"the instance serving this request ({inst.url}) failed: {why}", 502,
                     "upstream_failed")
 
@@ -166,9 +166,9 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, inst: Inst
     except Unsent as e:
         if e.refused:
             raise InstanceDown(e.why) from None
-        raise _gone_error(inst, e.why) from None
+        raise gone_error(inst, e.why) from None
     except Broken as e:
-        return await passage.fail(_gone_error(inst, e.why))
+        return await passage.fail(gone_error(inst, e.why))
 
 
 async def pass_through(request: web.Request, session: aiohttp.ClientSession, inst: Instance,
@@ -183,7 +183,7 @@ async def pass_through(request: web.Request, session: aiohttp.ClientSession, ins
     up = None
     try:
         try:
-            up = await _race(session.post(inst.url + path, data=raw, headers={
+            up = await race(session.post(inst.url + path, data=raw, headers={
                 "Content-Type": "application/json", **headers}), down)
         except aiohttp.ClientConnectorError as e:
             raise Unsent(f"{type(e).__name__}: {e}", refused=True) from None
@@ -220,7 +220,7 @@ async def pass_through(request: web.Request, session: aiohttp.ClientSession, ins
             raise BadStream("the stream ended before its end")
         await passage.resp.write_eof()
         return passage.resp
-    except (_Gone, aiohttp.ClientError, BadStream) as e:
+    except (Gone, aiohttp.ClientError, BadStream) as e:
         why = str(e) or type(e).__name__
         if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
             why = f"the connection broke ({type(e).__name__})"
