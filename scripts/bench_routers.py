@@ -61,16 +61,19 @@ PER_KIND = {
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", action="append", metavar="KIND:PATH",
-                    help=f"a trace to replay, KIND one of {', '.join(FORMATS)} (repeat; "
-                         "default: the Azure conversation trace, the Mooncake trace and "
+    ap.add_argument("--trace", action="append", metavar="[NAME=]KIND:PATH",
+                    help=f"a trace to replay, KIND one of {', '.join(FORMATS)}, reported as "
+                         "NAME (default: KIND; name two traces of one kind, e.g. "
+                         "code-chat=sessions:runs/family/code-chat.jsonl) (repeat; default: "
+                         "the Azure conversation trace, the Mooncake trace and "
                          "docs/data/sessions_200.jsonl)")
     add_trace_args(ap, only=("max_requests", "length_scale", "time_scale", "sample"))
     for field, (cast, _, why) in PER_KIND.items():
         meta = "N" if cast is int else "X"
         ap.add_argument(f"--{field.replace('_', '-')}-for", dest=f"{field}_for", action="append",
-                        default=[], metavar=f"KIND={meta}",
-                        help=f"--{field.replace('_', '-')} for one trace kind (repeat): {why}")
+                        default=[], metavar=f"NAME={meta}",
+                        help=f"--{field.replace('_', '-')} for one trace, by its name or "
+                             f"kind (repeat): {why}")
     ap.add_argument("--routers", default=",".join(rb.DEFAULT_ROUTERS),
                     help="comma-separated: POLICY of scripts/router.py, or smg:POLICY, or "
                          "LABEL=POLICY FLAGS... to add the router's own flags under a name "
@@ -114,37 +117,57 @@ def parse_args(argv):
     try:
         args.routers = [rp.RouterSpec.parse(n.strip()) for n in args.routers.split(",")
                         if n.strip()]
-        args.trace = [(t.split(":", 1)[0], t.split(":", 1)[1]) for t in args.trace]
+        args.trace = [_trace_spec(t) for t in args.trace]
     except (ValueError, IndexError) as e:
         ap.error(str(e))
+    names = [n for n, _, _ in args.trace]
+    if len(set(names)) < len(names):
+        ap.error(f"two traces are named alike ({', '.join(names)}): give each NAME=KIND:PATH")
     for field, (cast, ok, _) in PER_KIND.items():
         flag, meta = f"--{field.replace('_', '-')}-for", "N" if cast is int else "X"
         try:
             pairs = (kv.split("=", 1) for kv in getattr(args, f"{field}_for"))
             values = {k: cast(x) for k, x in pairs}
         except ValueError:
-            ap.error(f"{flag} takes KIND={meta}")
+            ap.error(f"{flag} takes NAME={meta}")
         if not all(ok(v) for v in values.values()):
             ap.error(f"{flag}: {field.replace('_', ' ')} out of range in {values}")
         setattr(args, f"{field}_for", values)
-    bad = [k for k, _ in args.trace if k not in FORMATS]
-    bad += [k for field in PER_KIND for k in getattr(args, f"{field}_for") if k not in FORMATS]
+    bad = [k for _, k, _ in args.trace if k not in FORMATS]
+    bad += [k for field in PER_KIND for k in getattr(args, f"{field}_for")
+            if k not in FORMATS and k not in names]
     if args.slo_scale < 0 or args.slo_ms <= 0:
         ap.error("--slo-scale must be >= 0 and --slo-ms > 0")
     if args.block < 0:
         ap.error("--block must be >= 0")
     if bad or args.rounds < 1 or args.instances < 1:
-        ap.error(f"unknown trace kind {bad} (one of {', '.join(FORMATS)})" if bad
+        ap.error(f"unknown trace kind or name {bad} (a kind is one of {', '.join(FORMATS)})"
+                 if bad
                  else "--rounds and --instances must be >= 1")
     return args
 
 
-def options_for(args, kind: str, vocab: int):
-    """The trace options of one trace kind: the common flags, then its own --*-for ones."""
+def _trace_spec(text: str) -> tuple[str, str, str]:
+    """`[NAME=]KIND:PATH` -> (name, kind, path); the name defaults to the kind."""
+    name, sep, rest = text.partition("=")
+    if not sep or ":" in name:  # no name given (or the "=" belongs to the path)
+        name, rest = "", text
+    kind, sep, path = rest.partition(":")
+    if not sep or not path:
+        raise ValueError(f"--trace wants [NAME=]KIND:PATH, got {text!r}")
+    return name or kind, kind, path
+
+
+def options_for(args, name: str, vocab: int):
+    """The trace options of one trace (by its name): the common flags, then its kind's --*-for
+    ones, then its name's."""
+    kind = {n: k for n, k, _ in args.trace}.get(name, name)
     opts = trace_options_from_args(args, vocab_size=vocab, max_len=args.max_model_len - 1,
                                    seed=args.seed)
-    own = {field: getattr(args, f"{field}_for")[kind] for field in PER_KIND
-           if kind in getattr(args, f"{field}_for")}
+    own = {}
+    for key in (kind, name):
+        own.update({field: getattr(args, f"{field}_for")[key] for field in PER_KIND
+                    if key in getattr(args, f"{field}_for")})
     return dataclasses.replace(opts, **own)
 
 
@@ -155,16 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     vocab = resolve_model(args.model)[0].vocab_size
     serve_args = ["--model", args.model, "--max-model-len", str(args.max_model_len),
                   *shlex.split(args.serve_args)]
-    works = {kind: load(kind, path, options_for(args, kind, vocab)) for kind, path in args.trace}
+    works = {name: load(kind, path, options_for(args, name, vocab))
+             for name, kind, path in args.trace}
     os.makedirs(args.output_dir, exist_ok=True)
     logs = tempfile.mkdtemp(prefix="bench_routers_", dir=args.output_dir)
     cpus = [int(c) for c in args.pin_cpus.split(",")] if args.pin_cpus else None
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     say(f"starting {args.instances} instances ({' '.join(serve_args)}); logs in {logs}")
     instances = rp.start_instances(args.instances, serve_args, logs, cpus)
-    rounds: dict[str, list] = {kind: [] for kind in works}
-    parts = {kind: rb.blocks(work, args.block) for kind, work in works.items()}
-    per_round = {kind: len(blocks) for kind, blocks in parts.items()}
+    rounds: dict[str, list] = {name: [] for name in works}
+    parts = {name: rb.blocks(work, args.block) for name, work in works.items()}
+    per_round = {name: len(blocks) for name, blocks in parts.items()}
     isolated, target_ms = None, None
     try:
         if args.slo_scale > 0:
@@ -180,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
                          [rp.RouterSpec("laps", "round-robin")], args.slo_ms,
                          args.short_threshold, logs, lambda m: None)
         for r in range(args.rounds):
-            for kind, blocks in parts.items():
+            for name, blocks in parts.items():
                 for b, part in enumerate(blocks):
                     block_no = b + 1 if len(blocks) > 1 else 0  # 0: the trace replays whole
-                    say(f"round {r + 1}/{args.rounds}, {kind}"
+                    say(f"round {r + 1}/{args.rounds}, {name}"
                         + (f", block {block_no}/{len(blocks)}" if block_no else ""))
                     order = rb.rotated(args.routers, r * len(blocks) + b)
-                    tag = rb.round_tag(kind, r + 1, block_no)
-                    rounds[kind].append(rb.run_round(part, instances, order, args.slo_ms,
+                    tag = rb.round_tag(name, r + 1, block_no)
+                    rounds[name].append(rb.run_round(part, instances, order, args.slo_ms,
                                                      args.short_threshold, logs, say, tag=tag,
                                                      target_ms=target_ms))
                     write_results(args, isolated, rounds, per_round, complete=False)
@@ -207,15 +231,15 @@ def write_results(args, isolated, rounds: dict[str, list], per_round: dict[str, 
            "routers": [s.name for s in args.routers], "xla_flags": rp.ONE_THREAD_XLA_FLAGS,
            "complete": complete, "isolated_ttft": isolated.to_json() if isolated else None,
            "blocks_per_round": per_round,
-           "traces": {kind: {"rounds": rs, "summary": rb.summarize(rs)}
-                      for kind, rs in rounds.items() if rs}}
+           "traces": {name: {"rounds": rs, "summary": rb.summarize(rs)}
+                      for name, rs in rounds.items() if rs}}
     with open(os.path.join(args.output_dir, rb.RUN_FILE), "w") as f:
         json.dump(out, f, indent=1)
-    text = "".join(f"\n### {kind}\n\n{rb.markdown(v['summary'])}"
+    text = "".join(f"\n### {name}\n\n{rb.markdown(v['summary'])}"
                    + (f"\n{b}" if (b := bands.band_markdown(v["summary"])) else "")
                    + (f"\n{g}" if (g := load_markdown(v["summary"].get("load_groups", {})))
                       else "")
-                   for kind, v in out["traces"].items())
+                   for name, v in out["traces"].items())
     with open(os.path.join(args.output_dir, "routers.md"), "w") as f:
         f.write(text)
     return text

@@ -33,14 +33,21 @@ def parse(argv):
                                          "earlier run's value to replay the same arrivals")
     g.add_argument("--max-output", type=int, default=None,
                    help="cap each request's output tokens (decode steps are costly on a CPU)")
-    g.add_argument("--load", type=float, default=0.8,
-                   help="scale arrivals so mixed runs at this fraction of its prefill capacity, "
-                        "measured by replaying the first --capacity-requests at once")
+    g.add_argument("--load", type=float, default=None,
+                   help="run at this one fraction of mixed's capacity (measured by replaying "
+                        "the first --capacity-requests at once) instead of --loads")
     g.add_argument("--loads", default=None, metavar="X,Y,...",
                    help="run the whole comparison at each of these fractions of mixed's "
-                        "capacity (e.g. 0.5,0.7,0.9; capacity measured once, at the first), "
-                        "each in DIR/load_X.XX, with DIR/loads.md holding every load's ratios "
-                        "(default: the one --load)")
+                        "capacity (capacity measured once, at the first), each in "
+                        "DIR/load_X.XX, with DIR/loads.md holding every load's ratios "
+                        "(default: 0.5,0.7,0.9 unless --load, --time-scale, "
+                        "--target-violation or --http)")
+    g.add_argument("--target-violation", nargs="?", const="0.2,0.4", default=None,
+                   metavar="LO,HI",
+                   help="instead of a fraction of capacity, probe mixed (FCFS) alone until it "
+                        "misses LO-HI of its SLOs (default 0.2,0.4: loaded, not past "
+                        "saturation), then compare every mode at that load; the probes are "
+                        "in DIR/target_probes and loads.md")
     g.add_argument("--capacity-mode", choices=("serving", "prefill"), default="serving",
                    help="capacity measured with each request's decode interleaved as when "
                         "serving, or prefill only (one output token each)")
@@ -103,13 +110,7 @@ def parse(argv):
     args = ap.parse_args(argv)
     if args.busy_reruns < 0:
         ap.error("--busy-reruns must be >= 0")
-    if args.loads is not None:
-        try:
-            args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
-        except ValueError:
-            ap.error(f"--loads wants numbers separated by commas, got {args.loads!r}")
-        if not args.loads or any(not x > 0 for x in args.loads) or args.http:
-            ap.error("--loads wants loads > 0 (and no --http)")
+    _resolve_loads(ap, args)
     if args.http:  # these steer the in-process dispatcher; serve.py does not take them
         steer = ("repeats", "long_budget", "decode_gap", "aging", "max_wait", "variant",
                  "cross_pool", "window", "no_buckets", "simulate", "busy_reruns",
@@ -123,6 +124,38 @@ def parse(argv):
     except ValueError as e:
         ap.error(f"--variant: {e}")
     return args
+
+
+def _resolve_loads(ap, args) -> None:
+    """One of: --target-violation, one --load / --time-scale / --http run, or --loads (by
+    default 0.5, 0.7 and 0.9 of mixed's capacity)."""
+    from laps_jax.bench.loads import DEFAULT_LOADS
+    single = args.load is not None or args.time_scale is not None or args.http
+    if args.target_violation is not None:
+        try:
+            lo, hi = (float(x) for x in args.target_violation.split(","))
+        except ValueError:
+            ap.error(f"--target-violation wants LO,HI (e.g. 0.2,0.4), got "
+                     f"{args.target_violation!r}")
+        if not 0 < lo < hi < 1:
+            ap.error(f"--target-violation wants 0 < LO < HI < 1, got {lo},{hi}")
+        if single or args.loads is not None:
+            ap.error("--target-violation sets the load: it cannot be combined with --load, "
+                     "--loads, --time-scale or --http")
+        args.target_violation = (lo, hi)
+    if args.loads is not None:
+        try:
+            args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--loads wants numbers separated by commas, got {args.loads!r}")
+        if not args.loads or any(not x > 0 for x in args.loads) or single:
+            ap.error("--loads wants loads > 0 (and no --load, --time-scale or --http)")
+    elif not single and args.target_violation is None:
+        args.loads = list(DEFAULT_LOADS)
+    if args.load is None:
+        args.load = 0.8
+    elif not args.load > 0:
+        ap.error(f"--load must be > 0, got {args.load}")
 
 
 def main_http(args) -> int:
@@ -191,13 +224,8 @@ def main(argv=None) -> int:
         max_others_cpu=None if args.max_others_cpu < 0 else args.max_others_cpu,
         busy_reruns=args.busy_reruns)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
-    if args.loads:
-        from laps_jax.bench.loads import loads_markdown, run_loads
-        table = loads_markdown(run_loads(opts, args.loads, run_comparison, log))
-        with open(os.path.join(args.output_dir, "loads.md"), "w") as f:
-            f.write(table)
-        print(table)
-        return 0
+    if args.loads or args.target_violation:
+        return _run_loads(args, opts, run_comparison, log)
     out = run_comparison(opts, log)
     with open(os.path.join(args.output_dir, "comparison.md")) as f:
         print(f.read())
@@ -205,6 +233,27 @@ def main(argv=None) -> int:
         print("goals met (laps/mixed):", out["goals_met"])
     for name, goals in out.get("goals_met_variants", {}).items():
         print(f"goals met ({name}/mixed):", goals)
+    return 0
+
+
+def _run_loads(args, opts, run_comparison, log) -> int:
+    """Every mode at each load of --loads, or at the load --target-violation finds; loads.md."""
+    import dataclasses
+    from laps_jax.bench.loads import find_target_load, loads_markdown, run_loads
+    head, loads = "", args.loads
+    if args.target_violation:
+        t = find_target_load(opts, args.target_violation, run_comparison, log)
+        probes = ", ".join(f"{x:.2f} -> {m:.0%}" for x, m in t.probes)
+        head = (f"Load set by --target-violation {args.target_violation[0]:.2f},"
+                f"{args.target_violation[1]:.2f}: mixed (FCFS) alone at load (x capacity) -> "
+                f"its SLO miss rate: {probes}; "
+                + ("in the band" if t.in_band else "none in the band, the closest kept")
+                + f"; compared at load {t.load:.2f}.\n\n")
+        opts, loads = dataclasses.replace(opts, time_scale=t.time_scale), [t.load]
+    table = head + loads_markdown(run_loads(opts, loads, run_comparison, log))
+    with open(os.path.join(args.output_dir, "loads.md"), "w") as f:
+        f.write(table)
+    print(table)
     return 0
 
 

@@ -107,7 +107,8 @@ def parse(argv):
     c = sub.add_parser("screen", help="laps vs FCFS, HRRN and SRPT on the trace family")
     from laps_jax.workload.family import MEMBERS
     c.add_argument("--members", type=cli.csv(str), default=list(MEMBERS),
-                   help="trace family members (default: all)")
+                   help="trace family members, or the study's workloads azure, mooncake, "
+                        "lmsys (default: every family member)")
     c.add_argument("--fractions", type=cli.csv(float), default=[0.5, 0.7, 0.9],
                    help="loads as fractions of FCFS's capacity, the load at which FCFS misses "
                         "half its SLOs (0.5,0.7,0.9)")
@@ -118,7 +119,10 @@ def parse(argv):
     c.add_argument("--capacity-from", default=None, metavar="SCREEN_JSON",
                    help="take each member's FCFS capacity from an earlier screen.json instead "
                         "of finding it again (same members, requests and model)")
-    c.add_argument("--output-dir", required=True, help="screen.json and screen.md go here")
+    c.add_argument("--output-dir", required=True,
+                   help="screen.json, screen.md and screen.png (per workload: short and long "
+                        "TTFT p90 and SLO misses by load, a line per policy) go here")
+    c.add_argument("--no-figure", action="store_true", help="no screen.png")
     for add in (cli.add_model_args, cli.add_instance_args, cli.add_run_args):
         add(c)
     c.set_defaults(func=study.cmd_screen)

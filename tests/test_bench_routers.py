@@ -504,3 +504,28 @@ def test_blocks_cut_a_real_trace_into_consecutive_parts_with_their_own_gaps():
     assert script.parse_args(["--output-dir", "o", "--block", "100"]).block == 100
     with pytest.raises(SystemExit):
         script.parse_args(["--output-dir", "o", "--block", "-1"])
+
+
+def test_two_traces_of_one_kind_are_told_apart_by_name():
+    """--trace NAME=KIND:PATH: two sessions traces (two family members) replay side by side,
+    each with its own --*-for options by name over its kind's; a name given twice, or an
+    option for a name that is no trace, is a usage error."""
+    script = load_script("bench_routers")
+    args = script.parse_args(["--output-dir", "o", "--time-scale", "0.5",
+                              "--trace", "chat=sessions:runs/a.jsonl",
+                              "--trace", "code=sessions:runs/b=c.jsonl",
+                              "--trace", "mooncake:m.jsonl",
+                              "--time-scale-for", "sessions=0.3",
+                              "--time-scale-for", "code=0.1", "--max-requests-for", "chat=40"])
+    assert args.trace == [("chat", "sessions", "runs/a.jsonl"),
+                          ("code", "sessions", "runs/b=c.jsonl"),
+                          ("mooncake", "mooncake", "m.jsonl")]
+    chat, code, moon = (script.options_for(args, n, 1000) for n in ("chat", "code", "mooncake"))
+    assert chat.time_scale == 0.3  # its kind's
+    assert chat.max_requests == 40 and code.time_scale == 0.1 and moon.time_scale == 0.5
+    for bad in (["--trace", "a=sessions:x", "--trace", "a=azure:y"],
+                ["--trace", "sessions:x", "--trace", "sessions:y"],
+                ["--trace", "a=sessions:x", "--time-scale-for", "b=0.1"],
+                ["--trace", "a=nosuch:x"], ["--trace", "a=sessions:"]):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--output-dir", "o", *bad])

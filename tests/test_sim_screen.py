@@ -44,3 +44,36 @@ def test_the_worst_member_is_the_highest_ratio_or_the_lowest_throughput():
     w = worst(cells, "vs_fcfs")
     assert w["ttft_short_ms_p90"][:2] == (0.4, "b") and w["ttft_long_ms_p90"][:2] == (1.2, "a")
     assert w["throughput_tokens_per_s"][:2] == (0.9, "b")
+
+
+def _simulate(*argv):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, os.path.join(root, "scripts", "simulate.py"), *argv],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_screen_takes_the_studys_real_traces_and_draws_them(tmp_path):
+    """`screen --members azure` (the study's Azure trace, not a family member) at one load:
+    every single-queue order and laps run, tabled and drawn."""
+    import json
+    cap = tmp_path / "cap.json"
+    cap.write_text(json.dumps({"capacity_load": {"azure": 0.6}}))
+    out = _simulate("screen", "--members", "azure", "--fractions", "0.7", "--requests", "60",
+                    "--capacity-from", str(cap), "--output-dir", str(tmp_path / "s"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads((tmp_path / "s" / "screen.json").read_text())
+    assert sorted(r["policy"] for r in res["rows"]) == ["fcfs", "hrrn", "laps", "srpt"]
+    assert all(r["workload"] == "azure" and r["load"] == pytest.approx(0.42)
+               for r in res["rows"])
+    assert "#### azure (FCFS capacity: load 0.600)" in (tmp_path / "s" / "screen.md").read_text()
+    png = (tmp_path / "s" / "screen.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_the_screen_names_an_unknown_member(tmp_path):
+    out = _simulate("screen", "--members", "azure,chat-lmsy", "--output-dir", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "unknown --members chat-lmsy" in out.stderr and "chat-lmsys" in out.stderr

@@ -50,7 +50,8 @@ def settings(run: dict, trace: str) -> dict:
     out = {k: a.get(k) for k in SAME}
     out["block"] = out["block"] or 0  # runs from before --block replayed whole traces
     # the trace file itself (a kind names a format, two runs may replay different files)
-    out["trace_file"] = [path for kind, path in a.get("trace") or [] if kind == trace]
+    # (runs before traces had names recorded [kind, path]; later ones [name, kind, path])
+    out["trace_file"] = [t[-1] for t in a.get("trace") or [] if t[0] == trace]
     for k in ("max_requests", "length_scale", "time_scale", "sample"):
         per = a.get(f"{k}_for") or {}  # bench_routers.py's --KEY-for KIND=VALUE, parsed
         if trace in per:

@@ -7,7 +7,14 @@ from collections import defaultdict
 import numpy as np
 
 COLORS = {"mixed": "tab:gray", "laps": "tab:blue", "laps-spatial": "tab:green",
-          "round-robin": "tab:gray", "least-load": "tab:orange", "length-aware": "tab:blue"}
+          "round-robin": "tab:gray", "least-load": "tab:orange", "length-aware": "tab:blue",
+          "fcfs": "tab:gray", "hrrn": "tab:orange", "srpt": "tab:red"}
+SWEEP_METRICS = (("prefill_latency_ms_mean", "mean prefill latency (ms)", True),
+                 ("ttft_ms_p90", "TTFT p90 (ms)", True),
+                 ("slo_violation_rate", "SLO violation rate", False))
+SCREEN_METRICS = (("ttft_short_ms_p90", "short TTFT p90 (ms)", True),
+                  ("ttft_long_ms_p90", "long TTFT p90 (ms)", True),
+                  ("slo_violation_rate", "SLO violation rate", False))
 
 
 def _plt():
@@ -32,21 +39,21 @@ def _series(rows: list[dict], key, x: str, y: str) -> dict:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def load_sweep(rows: list[dict], path: str, title: str = "") -> None:
-    """Single instance: mean prefill latency, TTFT p90 and SLO violations vs load, per mode."""
+def load_sweep(rows: list[dict], path: str, title: str = "", by: str = "mode",
+               x: str = "load", metrics=SWEEP_METRICS,
+               xlabel: str = "offered load (new tokens / physical limit)") -> None:
+    """Single instance: a column per workload, a row per metric, a line per `by` (a mode, or a
+    policy of the single-queue screen) against `x`."""
     plt = _plt()
-    rows = [r for r in rows if r["instances"] == 1 and r.get("load") is not None]
+    rows = [r for r in rows if r["instances"] == 1 and r.get(x) is not None]
     names = sorted({r["workload"] for r in rows})
-    metrics = [("prefill_latency_ms_mean", "mean prefill latency (ms)", True),
-               ("ttft_ms_p90", "TTFT p90 (ms)", True),
-               ("slo_violation_rate", "SLO violation rate", False)]
     fig, axes = plt.subplots(len(metrics), len(names), figsize=(4.2 * len(names), 9),
                              squeeze=False)
     for j, name in enumerate(names):
         sub = [r for r in rows if r["workload"] == name]
         for i, (key, label, log) in enumerate(metrics):
             ax = axes[i][j]
-            for mode, pts in _series(sub, lambda r: r["mode"], "load", key).items():
+            for mode, pts in _series(sub, lambda r: r[by], x, key).items():
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, "o-", ms=3, label=mode, color=COLORS.get(mode))
             ax.set(yscale="log" if log else "linear", ylabel=label if j == 0 else None)
@@ -54,7 +61,7 @@ def load_sweep(rows: list[dict], path: str, title: str = "") -> None:
             if i == 0:
                 ax.set_title(name)
             if i == len(metrics) - 1:
-                ax.set_xlabel("offered load (new tokens / physical limit)")
+                ax.set_xlabel(xlabel)
         axes[0][j].legend(fontsize=8)
     _save(plt, fig, path, title)
 

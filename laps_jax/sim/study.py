@@ -135,6 +135,11 @@ def cmd_screen(args) -> int:
     src = cli.model_source(args)
     inst = cli.instance_spec(args, src)
     sources = cli.workload_sources(args, src)
+    unknown = [m for m in args.members if m not in sources]
+    if unknown:
+        print(f"error: unknown --members {', '.join(unknown)}: one of {', '.join(sources)}",
+              file=sys.stderr)
+        return 2
     policies = dict(screen.POLICIES)
     if args.laps_settings:  # laps screened with settings changed (a candidate default)
         policies["laps"] = ("laps", tuple(args.laps_settings.items()))
@@ -151,6 +156,11 @@ def cmd_screen(args) -> int:
     text = f"command: `{meta['command']}`\n" + screen.markdown(result)
     with open(os.path.join(args.output_dir, "screen.md"), "w") as f:
         f.write(text)
+    if not args.no_figure:
+        plots.load_sweep(result["rows"], os.path.join(args.output_dir, "screen.png"),
+                         "laps vs one queue (FCFS, HRRN, SRPT), simulated", by="policy",
+                         x="fraction", metrics=plots.SCREEN_METRICS,
+                         xlabel="load (x FCFS capacity)")
     print(text)
     return 0
 
