@@ -62,7 +62,9 @@ def load_sweep(rows: list[dict], path: str, title: str = "", by: str = "mode",
                 ax.set_title(name)
             if i == len(metrics) - 1:
                 ax.set_xlabel(xlabel)
-        axes[0][j].legend(fontsize=8)
+        drawn = [ax for ax in (row[j] for row in axes) if ax.get_legend_handles_labels()[0]]
+        if drawn:  # the first panel with a line (no short requests: the short row is empty)
+            drawn[0].legend(fontsize=8)
     _save(plt, fig, path, title)
 
 

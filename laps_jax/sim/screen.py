@@ -123,8 +123,9 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def markdown(result: dict) -> str:
-    """One table per member (a row per load) and the worst-case lines."""
+def markdown(result: dict, capacity: str = "FCFS capacity: load {:.3f}") -> str:
+    """One table per member (a row per load) and the worst-case lines; `capacity` formats
+    each member's capacity in its heading."""
     out = []
     by_member: dict[str, list[dict]] = {}
     for c in result["cells"]:
@@ -135,7 +136,7 @@ def markdown(result: dict) -> str:
             + [f"laps/fcfs {_SHORT[f]}" for f in FIGURES]
             + [f"laps/best {_SHORT[f]}" for f in GOALS_BEST] + ["goals fcfs / best"])
     for m, cells in by_member.items():
-        out.append(f"\n#### {m} (FCFS capacity: load {result['capacity_load'][m]:.3f})\n")
+        out.append(f"\n#### {m} ({capacity.format(result['capacity_load'][m])})\n")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for c in cells:
