@@ -118,3 +118,29 @@ def test_compare_modes_refuses_loads_that_contradict(flags, capsys):
     with pytest.raises(SystemExit) as e:
         compare_modes.parse(["--trace", "t", "--output-dir", "o", *flags])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_target_violation_end_to_end_on_the_simulated_engine(tmp_path):
+    """compare_modes --simulate --target-violation 0.5,0.6: FCFS is probed up the load until it
+    misses 50-60% of its SLOs (the Azure trace needs more than the first probe at 0.7), every
+    probe is kept, and the modes are compared at the load found."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trace = os.path.join(root, "..", "shared", "traces", "azure_llm_2023_conv.csv")
+    if not os.path.exists(trace):
+        pytest.skip("the Azure trace is not in ../shared/traces")
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "scripts", "compare_modes.py"), "--simulate",
+         "--profile", os.path.join(root, "docs", "data", "profile_bench_cpu.json"),
+         "--no-rescale-profile", "--trace", trace, "--trace-format", "azure", "--max-requests", "120", "--length-scale", "0.1",
+         "--threshold", "64", "--modes", "mixed,laps", "--target-violation", "0.5,0.6",
+         "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    head = (tmp_path / "loads.md").read_text().splitlines()[0]
+    probes = [p.split(" -> ") for p in head.split("its SLO miss rate: ")[1].split(";")[0]
+              .split(", ")]
+    assert len(probes) >= 2 and probes[0][0] == "0.70" and "in the band" in head
+    load, miss = probes[-1][0], int(probes[-1][1].rstrip("%"))
+    assert 50 <= miss <= 60 and f"compared at load {load}." in head
+    assert len(list((tmp_path / "target_probes").iterdir())) == len(probes)
+    assert f"| {load} | {miss}% | laps |" in (tmp_path / "loads.md").read_text()
