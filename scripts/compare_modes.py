@@ -69,7 +69,8 @@ def parse(argv):
                         "now and scale the model by how much slower or faster they run: SLOs "
                         "and plans then fit this machine's speed this hour)")
     scheduler_flags.add_args(s, ("threshold", "window", "static_window", "window_max",
-                                 "order", "max_wait", "aging", "cross_pool", "decode_gap",
+                                 "order", "long_order", "max_wait", "aging", "cross_pool",
+                                 "decode_gap",
                                  "long_budget"))
     s.add_argument("--variant", action="append", default=[], metavar="NAME=MODE:KEY=VALUE,...",
                    help="run one more mode: MODE (laps, laps-spatial or mixed) with scheduler "
@@ -212,6 +213,7 @@ def main(argv=None) -> int:
         sample=args.sample,
         slo_scale=args.slo_scale, threshold=sched.threshold, window=sched.window,
         buckets=not args.no_buckets, cross_pool=sched.cross_pool, order=sched.order,
+        long_order=sched.long_order,
         decode_gap_s=sched.decode_gap_s, long_budget_tokens=sched.long_budget_tokens,
         repeats=args.repeats, aging_tokens_per_s=sched.aging_tokens_per_s,
         max_wait_s=sched.max_wait_s,

@@ -101,3 +101,43 @@ def test_a_mixed_variant_orders_the_one_queue():
     v = parse_variant("hrrn=mixed:order=ratio")
     assert v.settings == {"queue_order": "ratio"}
     assert parse_variant("laps-f=laps:order=fcfs").settings == {"order": "fcfs"}
+
+
+def test_laps_long_pool_may_age_while_its_short_pool_keeps_srpt():
+    """long_order=ratio orders laps' long pool alone: of two long requests, the larger one that
+    has waited goes first under HRRN and last under SRPT; the short pool stays SRPT."""
+    from laps_jax.scheduler.policy import LapsPlanner
+    d = derive(SchedulerConfig(threshold=64, long_order="ratio"), GRID, None)
+    p = LapsPlanner(GRID, d)
+    assert (p.short.order, p.long.order) == ("srpt", "ratio")
+    assert LapsPlanner(GRID, derive(SchedulerConfig(threshold=64), GRID, None)).long.order \
+        == "srpt"  # unset: the pools share `order`
+    from laps_jax.scheduler.pools import LongPool
+    pools = {o: LongPool(GRID, 256, 0.0, 60.0, o, lambda n: n / 1000.0, 30.0)
+             for o in ("srpt", "ratio")}
+    for pool in pools.values():
+        big, small = req("big", 2000, 0.0), req("small", 300, 19.0)
+        pool.add(big, 0.0)
+        pool.add(small, 19.0)
+    # at 20.0: SRPT small (300 < 2,000; nobody past the 30 s bound); HRRN big (20 + 2) / 2 =
+    # 11 against small (1 + 0.3) / 0.3 = 4.3
+    assert names(pools["srpt"].ordered(20.0)) == ["small", "big"]
+    assert names(pools["ratio"].ordered(20.0)) == ["big", "small"]
+    assert parse_variant("laps-hl=laps:long_order=ratio").settings == {"long_order": "ratio"}
+    with pytest.raises(ValueError, match="long_order must be one of"):
+        derive(SchedulerConfig(long_order="sjf"), GRID, None)
+
+
+def test_one_order_asked_for_orders_both_pools_unless_the_long_pool_is_named():
+    from laps_jax.bench.variants import apply
+    ap = argparse.ArgumentParser()
+    flags.add_args(ap, ("order", "long_order"))
+    both = flags.from_args(ap.parse_args(["--order", "fcfs"]), "laps")
+    assert (both.order, both.long_order) == ("fcfs", None)  # None: the long pool follows
+    split = flags.from_args(ap.parse_args(["--order", "fcfs", "--long-order", "ratio"]), "laps")
+    assert (split.order, split.long_order) == ("fcfs", "ratio")
+    only = flags.from_args(ap.parse_args(["--long-order", "ratio"]), "laps")
+    assert (only.order, only.long_order) == (SchedulerConfig.order, "ratio")
+    base = SchedulerConfig(long_order="ratio")
+    assert apply(base, {"order": "fcfs"}).long_order is None
+    assert apply(base, {"threshold": 32}).long_order == "ratio"

@@ -62,6 +62,7 @@ class CompareOptions:
     window: WindowConfig = dataclasses.field(default_factory=WindowConfig)
     cross_pool: str = "short-first"
     order: str = SchedulerConfig.order
+    long_order: str | None = SchedulerConfig.long_order  # laps' long pool (None: `order`)
     decode_gap_s: float | None = None  # None: one full prefill step (SchedulerConfig)
     long_budget_tokens: int | None = None  # laps long-chunk budget (None: long_chunk_ratio)
     aging_tokens_per_s: float | None = None  # order "aging": credit per second waited (None:
@@ -253,7 +254,8 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
     work = _workload(o, vocab, max_len)
     n_req = work.num_requests if isinstance(work, SessionTrace) else len(work)
     cfg = SchedulerConfig(threshold=o.threshold, window=o.window, cross_pool=o.cross_pool,
-                          order=o.order, decode_gap_s=o.decode_gap_s,
+                          order=o.order, long_order=o.long_order,
+                          decode_gap_s=o.decode_gap_s,
                           long_budget_tokens=o.long_budget_tokens,
                           aging_tokens_per_s=o.aging_tokens_per_s, max_wait_s=o.max_wait_s)
 
@@ -340,7 +342,8 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "threshold_at_0_cached": min(model.threshold(0), o.ecfg.max_chunk)
         if o.threshold is None else o.threshold,
         "window": dataclasses.asdict(o.window), "buckets": o.buckets,
-        "cross_pool": o.cross_pool, "order": o.order, "decode_gap_s": o.decode_gap_s,
+        "cross_pool": o.cross_pool, "order": o.order, "long_order": o.long_order,
+        "decode_gap_s": o.decode_gap_s,
         "long_budget_tokens": o.long_budget_tokens, "long_chunk_ratio": cfg.long_chunk_ratio,
         "fill_rows": cfg.fill_rows, "fill_slack": cfg.fill_slack,
         "overload_requests": cfg.overload_requests, "overload_check": cfg.overload_check,

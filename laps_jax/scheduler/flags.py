@@ -57,6 +57,11 @@ FLAGS: dict[str, dict] = {
              "paper's baseline). Where mixed is the baseline beside laps (compare_modes, "
              "simulate.py sweep) it sets laps' order only: a variant such as "
              "hrrn=mixed:order=ratio orders mixed; docs/BENCHMARKS_SCHEDULER.md compares them"),
+    "long_order": dict(
+        choices=ORDERS, default=None,
+        help="laps: order of the long pool alone, e.g. ratio: the largest prompts age instead "
+             "of waiting behind every smaller one (default: the --order given, else "
+             f"{_S.long_order or _S.order})"),
     "max_wait": dict(
         type=float, default=None,
         help="with --order srpt: seconds after which a request goes ahead of shorter ones "
@@ -115,6 +120,10 @@ def from_args(args, mode: str | None = None, **fields) -> SchedulerConfig:
     given = {field: getattr(args, dest) for dest, field in FIELDS.items() if has(dest)}
     if getattr(args, "order", None) is not None:
         given["queue_order" if mode == "mixed" else "order"] = args.order
+        if mode != "mixed":  # one order asked for: both of laps' pools, unless --long-order
+            given["long_order"] = None
+    if getattr(args, "long_order", None) is not None:
+        given["long_order"] = args.long_order
     if has("no_overload_check"):
         given["overload_check"] = not args.no_overload_check
     window = {}

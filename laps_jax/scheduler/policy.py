@@ -61,6 +61,9 @@ class SchedulerConfig:
                                           # "aging": it yields to a long request scoring lower
     order: str = "srpt"                   # in-pool order: "srpt" (fewest remaining; see
                                           # max_wait_s), "ratio" (response ratio) or "aging"
+    long_order: str | None = None         # laps' long pool alone (None: `order`), e.g.
+                                          # "ratio": the largest prompts age instead of
+                                          # waiting for every smaller one
     max_wait_s: float | None = None       # srpt: a request waiting this long goes first
                                           # (None: 16 long chunks as predicted)
     queue_order: str = "fcfs"             # mixed's one queue: "fcfs" (the paper's baseline),
@@ -97,6 +100,7 @@ class Derived:
     overload_budget: int = 0
     overload_check: bool = True
     queue_order: str = "fcfs"  # mixed's one queue
+    long_order: str | None = None  # laps' long pool (None: `order`)
 
     def is_short(self, new_tokens: int, cached: int = 0) -> bool:
         """The short/long cut, the one place it is made: lanes, the spatial route and the
@@ -116,6 +120,9 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"aging_tokens_per_s must be >= 0, got {cfg.aging_tokens_per_s}")
     if cfg.order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {cfg.order!r}")
+    if cfg.long_order is not None and cfg.long_order not in ORDERS:
+        raise ValueError(f"long_order must be one of {', '.join(ORDERS)}, "
+                         f"got {cfg.long_order!r}")
     if cfg.queue_order not in ORDERS:
         raise ValueError(f"queue_order must be one of {', '.join(ORDERS)}, "
                          f"got {cfg.queue_order!r}")
@@ -138,7 +145,7 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     budget = cfg.budget_tokens or grid.max_batch_tokens
     window = dataclasses.replace(cfg.window)
     overload = lambda long_budget: dict(
-        queue_order=cfg.queue_order,
+        queue_order=cfg.queue_order, long_order=cfg.long_order,
         overload_requests=None if long_budget >= budget else cfg.overload_requests,
         overload_budget=min(budget, OVERLOAD_WIDEN * long_budget),
         overload_check=cfg.overload_check)
@@ -246,7 +253,8 @@ class LapsPlanner:
         self.window = WaitingWindow(d.window)
         self.short = ShortPool(grid, d.budget, d.aging, self.window, d.predict, d.order,
                                d.service, d.max_wait_s)
-        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s, d.order, d.service,
+        self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s,
+                             d.long_order or d.order, d.service,
                              d.max_wait_s, overload=(d.overload_requests, d.overload_budget,
                                                      d.overload_check))
         self.cross_pool, self.fill_rows, self.fill_slack = d.cross_pool, d.fill_rows, d.fill_slack
