@@ -31,12 +31,13 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help="also write the tables to this file")
     args = ap.parse_args(argv)
     try:
-        text = markdown(read_runs(args.run_dirs, args.laps),
-                        capacity="mixed capacity {:.2f} requests/s")
+        result = read_runs(args.run_dirs, args.laps)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = f"judged: {args.laps}\n" + text
+    text = (f"judged: {args.laps}\n"
+            + "".join(f"skipped: {line}\n" for line in result["skipped"])
+            + markdown(result, capacity="mixed capacity {:.2f} requests/s"))
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)

@@ -73,6 +73,38 @@ def test_the_script_tables_every_member_and_load(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "#### a (mixed capacity 10.00 requests/s)" in out.stdout
     assert "worst member at load 0.9, laps/fcfs" in out.stdout
+    # a run without the judged variant is skipped and named; none with it is an error
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare_family.py"),
+                          str(tmp_path), "--laps", "cand"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "skipped" not in out.stdout
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "comparison.json").write_text(json.dumps(
+        run([{k: v for k, v in r.items() if k != "cand"} for r in ROUNDS])))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare_family.py"),
+                          str(tmp_path), "--laps", "cand"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "skipped: c: the run has no cand" in out.stdout
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare_family.py"),
                           str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no MEMBER/comparison.json" in bad.stderr
+    only_c = tmp_path / "only"
+    (only_c / "c").mkdir(parents=True)
+    (only_c / "c" / "comparison.json").write_text((tmp_path / "c" / "comparison.json").read_text())
+    with pytest.raises(ValueError, match="no run holds every mode needed"):
+        read_runs([str(only_c)], laps="cand")
+
+
+def test_a_target_violation_runs_capacity_comes_from_its_first_probe(tmp_path):
+    """A --target-violation run replays at the time scale its probes found, so its own run
+    records no capacity: the member's heading takes the first probe's."""
+    d = tmp_path / "t"
+    (d / "target_probes" / "load_0.70").mkdir(parents=True)
+    main = run(ROUNDS)
+    main["run"]["mixed_capacity_rps"] = None
+    (d / "comparison.json").write_text(json.dumps(main))
+    (d / "target_probes" / "load_0.70" / "comparison.json").write_text(json.dumps(
+        run([{"mixed": ROUNDS[0]["mixed"]}], cap=5.0)))
+    res = read_runs([str(tmp_path)])
+    assert res["capacity_load"] == {"t": 5.0}
+    assert [c["member"] for c in res["cells"]] == ["t"]  # the probe is no member of its own

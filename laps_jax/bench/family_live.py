@@ -38,8 +38,9 @@ def member_cell(member: str, comparison: dict, laps: str = "laps") -> tuple[dict
     names = {**MODES, "laps": laps}
     missing = [m for m in names.values() if m not in rounds[0]]
     if missing:
-        raise ValueError(f"{member}: the run has no {', '.join(missing)} (run compare_modes "
-                         f"with --variant hrrn=mixed:order=ratio --variant srpt=mixed:order=srpt)")
+        raise ValueError(f"{member}: the run has no {', '.join(missing)} (compare_modes "
+                         f"--modes mixed,laps --variant hrrn=mixed:order=ratio --variant "
+                         f"srpt=mixed:order=srpt, and the judged mode or variant)")
     per_round = [compare({p: r[m] for p, m in names.items()}) for r in rounds]
     cell = {"member": member, "fraction": comparison["run"]["load"], "rounds": len(rounds)}
     for key in ("vs_fcfs", "vs_best"):
@@ -52,10 +53,24 @@ def member_cell(member: str, comparison: dict, laps: str = "laps") -> tuple[dict
     return cell, rows
 
 
+def _capacity(d: str, member: str, comparison: dict) -> float:
+    """mixed's measured requests/s: the run's own, or, for a --target-violation run (which
+    replays at the time scale its probes found), its first probe's."""
+    cap = comparison["run"].get("mixed_capacity_rps")
+    for path in sorted(glob.glob(os.path.join(d, member, "target_probes", "*",
+                                              "comparison.json"))):
+        if cap is not None:
+            break
+        with open(path) as f:
+            cap = json.load(f)["run"].get("mixed_capacity_rps")
+    return float("nan") if cap is None else cap
+
+
 def read_runs(dirs: list[str], laps: str = "laps") -> dict:
     """Every DIR/MEMBER[/load_X.XX]/comparison.json under `dirs` (a member is a folder
-    named after its trace), as the screen's result: cells, rows, capacity (mixed's requests/s)."""
-    cells, rows, capacity = [], [], {}
+    named after its trace), as the screen's result: cells, rows, capacity (mixed's requests/s)
+    and `skipped` (a line per run without every mode needed)."""
+    cells, rows, capacity, skipped = [], [], {}, []
     for d in dirs:
         paths = sorted(glob.glob(os.path.join(d, "*", "comparison.json"))
                        + glob.glob(os.path.join(d, "*", "load_*", "comparison.json")))
@@ -67,8 +82,14 @@ def read_runs(dirs: list[str], laps: str = "laps") -> dict:
             member = rel[0]
             with open(path) as f:
                 comparison = json.load(f)
-            cell, r = member_cell(member, comparison, laps)
+            try:
+                cell, r = member_cell(member, comparison, laps)
+            except ValueError as e:
+                skipped.append(str(e))
+                continue
             cells.append(cell)
             rows += r
-            capacity[member] = comparison["run"].get("mixed_capacity_rps") or float("nan")
-    return {"cells": cells, "rows": rows, "capacity_load": capacity}
+            capacity[member] = _capacity(d, member, comparison)
+    if not cells:
+        raise ValueError("no run holds every mode needed: " + "; ".join(skipped))
+    return {"cells": cells, "rows": rows, "capacity_load": capacity, "skipped": skipped}
