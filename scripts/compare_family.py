@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from laps_jax.bench.family_live import read_runs  # noqa: E402
-from laps_jax.sim.screen import markdown  # noqa: E402
+from laps_jax.sim.screen import markdown, worst_lines  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     text = (f"judged: {args.laps}\n"
             + "".join(f"skipped: {line}\n" for line in result["skipped"])
             + markdown(result, capacity="mixed capacity {:.2f} requests/s"))
+    if len({c["fraction"] for c in result["cells"]}) > 1:  # members run at their own loads
+        text += "\n".join(worst_lines(result["cells"], "over every run")) + "\n"
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)

@@ -73,6 +73,7 @@ def test_the_script_tables_every_member_and_load(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "#### a (mixed capacity 10.00 requests/s)" in out.stdout
     assert "worst member at load 0.9, laps/fcfs" in out.stdout
+    assert "worst member over every run, laps/best of hrrn, srpt" in out.stdout
     # a run without the judged variant is skipped and named; none with it is an error
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare_family.py"),
                           str(tmp_path), "--laps", "cand"], capture_output=True, text=True,

@@ -148,12 +148,19 @@ def markdown(result: dict, capacity: str = "FCFS capacity: load {:.3f}") -> str:
                 + [f"{'yes' if c['met_fcfs'] else 'no'} / {'yes' if c['met_best'] else 'no'}"])
                 + " |")
     for x in sorted({c["fraction"] for c in result["cells"]}):
-        at = [c for c in result["cells"] if c["fraction"] == x]
-        for key, goals, name in (("vs_fcfs", GOALS_FCFS, "laps/fcfs"),
-                                 ("vs_best", GOALS_BEST, "laps/best of hrrn, srpt")):
-            w = worst(at, key)
-            parts = [f"{_SHORT[f]} {v:.2f} ({m}; goal {'>=' if f in HIGHER_IS_BETTER else '<='}"
-                     f" {goals[f]})" for f, (v, m, _) in w.items() if f in goals]
-            out.append(f"\nworst member at load {x:.1f}, {name}: " + "; ".join(parts)
-                       + f". Goals met on {sum(c['met_' + key[3:]] for c in at)} of {len(at)}.")
+        out += worst_lines([c for c in result["cells"] if c["fraction"] == x], f"at load {x:.1f}")
     return "\n".join(out) + "\n"
+
+
+def worst_lines(cells: list[dict], where: str) -> list[str]:
+    """The worst member over `cells` per figure, against FCFS and against the best single
+    queue, with the goals met."""
+    out = []
+    for key, goals, name in (("vs_fcfs", GOALS_FCFS, "laps/fcfs"),
+                             ("vs_best", GOALS_BEST, "laps/best of hrrn, srpt")):
+        w = worst(cells, key)
+        parts = [f"{_SHORT[f]} {v:.2f} ({m}; goal {'>=' if f in HIGHER_IS_BETTER else '<='}"
+                 f" {goals[f]})" for f, (v, m, _) in w.items() if f in goals]
+        out.append(f"\nworst member {where}, {name}: " + "; ".join(parts)
+                   + f". Goals met on {sum(c['met_' + key[3:]] for c in cells)} of {len(cells)}.")
+    return out
