@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from laps_jax.bench.loads import TARGET_BAND  # noqa: E402
 from laps_jax.cli import DefaultsHelpFormatter, add_engine_args, engine_config_from_args  # noqa: E402
 from laps_jax.scheduler import flags as scheduler_flags  # noqa: E402
 from laps_jax.workload.load import add_trace_args  # noqa: E402
@@ -42,7 +43,8 @@ def parse(argv):
                         "DIR/load_X.XX, with DIR/loads.md holding every load's ratios "
                         "(default: 0.5,0.7,0.9 unless --load, --time-scale, "
                         "--target-violation or --http)")
-    g.add_argument("--target-violation", nargs="?", const="0.2,0.4", default=None,
+    g.add_argument("--target-violation", nargs="?", const=",".join(map(str, TARGET_BAND)),
+                   default=None,
                    metavar="LO,HI",
                    help="instead of a fraction of capacity, probe mixed (FCFS) alone until it "
                         "misses LO-HI of its SLOs (default 0.2,0.4: loaded, not past "

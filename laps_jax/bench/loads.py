@@ -103,7 +103,7 @@ def find_target_load(o, band: tuple[float, float], run: Callable, log: Callable[
         out = run(sub, log)
         ts = out["run"]["time_scale"]
         scale0 = scale0 if scale0 is not None else ts * x / start
-        miss = out["mixed"]["slo_violation_rate"]
+        miss = out["mixed"].get("slo_violation_rate") or 0.0  # None: nothing completed
         probes.append((x, miss, ts))
         log(f"target probe: mixed at load {x:.2f} misses {miss:.0%} of SLOs "
             f"(band {lo:.0%}-{hi:.0%})")
