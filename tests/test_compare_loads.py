@@ -132,7 +132,8 @@ def test_target_violation_end_to_end_on_the_simulated_engine(tmp_path):
     out = subprocess.run(
         [sys.executable, os.path.join(root, "scripts", "compare_modes.py"), "--simulate",
          "--profile", os.path.join(root, "docs", "data", "profile_bench_cpu.json"),
-         "--no-rescale-profile", "--trace", trace, "--trace-format", "azure", "--max-requests", "120", "--length-scale", "0.1",
+         "--no-rescale-profile", "--trace", trace, "--trace-format", "azure",
+         "--max-requests", "120", "--length-scale", "0.1",
          "--threshold", "64", "--modes", "mixed,laps", "--target-violation", "0.5,0.6",
          "--output-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -16,7 +16,7 @@ import json
 import os
 import statistics
 
-from laps_jax.sim.screen import FIGURES, GOALS_BEST, GOALS_FCFS, HIGHER_IS_BETTER, compare
+from laps_jax.sim.screen import FIGURES, GOALS_BEST, GOALS_FCFS, compare, met
 
 MODES = {"fcfs": "mixed", "hrrn": "hrrn", "srpt": "srpt"}
 
@@ -24,11 +24,6 @@ MODES = {"fcfs": "mixed", "hrrn": "hrrn", "srpt": "srpt"}
 def _median(xs: list) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
-
-
-def _met(r: dict, goals: dict) -> bool:
-    return all(r[f] is not None and (r[f] >= g if f in HIGHER_IS_BETTER else r[f] <= g)
-               for f, g in goals.items())
 
 
 def member_cell(member: str, comparison: dict, laps: str = "laps") -> tuple[dict, list[dict]]:
@@ -45,8 +40,8 @@ def member_cell(member: str, comparison: dict, laps: str = "laps") -> tuple[dict
     cell = {"member": member, "fraction": comparison["run"]["load"], "rounds": len(rounds)}
     for key in ("vs_fcfs", "vs_best"):
         cell[key] = {f: _median([c[key][f] for c in per_round]) for f in FIGURES}
-    cell["met_fcfs"], cell["met_best"] = (_met(cell["vs_fcfs"], GOALS_FCFS),
-                                          _met(cell["vs_best"], GOALS_BEST))
+    cell["met_fcfs"], cell["met_best"] = (met(cell["vs_fcfs"], GOALS_FCFS),
+                                          met(cell["vs_best"], GOALS_BEST))
     rows = [{"workload": member, "fraction": cell["fraction"], "policy": p,
              **{f: _median([r[m].get(f) for r in rounds]) for f in FIGURES}}
             for p, m in names.items()]
@@ -57,11 +52,9 @@ def _capacity(d: str, member: str, comparison: dict) -> float:
     """mixed's measured requests/s: the run's own, or, for a --target-violation run (which
     replays at the time scale its probes found), its first probe's."""
     cap = comparison["run"].get("mixed_capacity_rps")
-    for path in sorted(glob.glob(os.path.join(d, member, "target_probes", "*",
-                                              "comparison.json"))):
-        if cap is not None:
-            break
-        with open(path) as f:
+    probes = sorted(glob.glob(os.path.join(d, member, "target_probes", "*", "comparison.json")))
+    if cap is None and probes:
+        with open(probes[0]) as f:
             cap = json.load(f)["run"].get("mixed_capacity_rps")
     return float("nan") if cap is None else cap
 

@@ -30,7 +30,8 @@ def flag(value: str) -> bool:
 
 # setting -> type. Keys are the names a compare_modes run records in comparison.json `run`;
 # `window_mode` is the short pool's waiting window (adaptive, static, off).
-SETTINGS = {"order": str, "queue_order": str, "long_order": str, "cross_pool": str, "long_budget_tokens": int,
+SETTINGS = {"order": str, "queue_order": str, "long_order": str, "cross_pool": str,
+            "long_budget_tokens": int,
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
             "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off,
@@ -38,7 +39,8 @@ SETTINGS = {"order": str, "queue_order": str, "long_order": str, "cross_pool": s
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")
-_CHOICES = {"order": ORDERS, "queue_order": ORDERS, "long_order": ORDERS, "cross_pool": ("short-first", "aging"),
+_CHOICES = {"order": ORDERS, "queue_order": ORDERS, "long_order": ORDERS,
+            "cross_pool": ("short-first", "aging"),
             "window_mode": ("adaptive", "static", "off")}
 
 

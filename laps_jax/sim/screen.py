@@ -60,14 +60,18 @@ def best_of(rows: list[dict], figure: str) -> float | None:
     return max(vals) if figure in HIGHER_IS_BETTER else min(vals)
 
 
+def met(ratios: dict, goals: dict) -> bool:
+    """Every figure of `goals` known and on the right side of its goal."""
+    return all(ratios[f] is not None and (ratios[f] >= g if f in HIGHER_IS_BETTER
+                                          else ratios[f] <= g) for f, g in goals.items())
+
+
 def compare(by_policy: dict[str, dict]) -> dict:
     """laps / fcfs and laps / the better of hrrn and srpt, per figure, and the goals met."""
     laps, fcfs = by_policy["laps"], by_policy["fcfs"]
     single = [by_policy[p] for p in ("hrrn", "srpt") if p in by_policy]
     vs_fcfs = {f: ratio(laps.get(f), fcfs.get(f)) for f in FIGURES}
     vs_best = {f: ratio(laps.get(f), best_of(single, f)) for f in FIGURES}
-    met = lambda r, goals: all(r[f] is not None and (r[f] >= g if f in HIGHER_IS_BETTER
-                                                     else r[f] <= g) for f, g in goals.items())
     return {"vs_fcfs": vs_fcfs, "vs_best": vs_best, "met_fcfs": met(vs_fcfs, GOALS_FCFS),
             "met_best": met(vs_best, GOALS_BEST)}
 
