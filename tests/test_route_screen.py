@@ -27,3 +27,13 @@ def test_bands_pool_counts_and_the_worst_member_is_named():
     assert "| a | light | 2 |" in md and "0.60" in md
     assert "laps / prefix, heavy blocks: worst member b 1.10 (goal <= 1.0: missed)" in md
     assert "laps / round-robin, light blocks: worst member a 0.60 (goal <= 0.72: met)" in md
+
+
+def test_a_ratio_of_a_few_misses_is_shown_but_not_judged():
+    base = {"least-load": 0, "bucket": 0}
+    rows = (rows_for("quiet", 2, 0.5, {"round-robin": 1, "prefix": 0, "laps": 1, **base})
+            + rows_for("busy", 2, 0.5, {"round-robin": 10, "prefix": 9, "laps": 6, **base}))
+    md = markdown(rows)
+    assert "few (1 vs 1)" in md and "few (1 vs 0)" in md
+    # the worst member in light blocks is the one with misses enough to count
+    assert "laps / round-robin, light blocks: worst member busy 0.60 (goal <= 0.72: met)" in md

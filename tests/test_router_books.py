@@ -163,3 +163,76 @@ def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
     with pytest.raises(ValueError):
         parse_metrics('vllm:cache_config_info{block_size="8" 1.0\n')
 
+
+
+@pytest.mark.parametrize("line, named", [
+    ("laps_long_chunk_tokens +Inf", "laps_long_chunk_tokens"),
+    ("laps_long_chunk_tokens 0", "laps_long_chunk_tokens"),
+    ("laps_short_threshold_tokens -5", "laps_short_threshold_tokens"),
+    ("laps_short_threshold_tokens 1e30", "laps_short_threshold_tokens"),
+    ('laps_pending_prefill_tokens{pool="short"} NaN', "laps_pending_prefill_tokens"),
+    ("laps_pending_prefill_tokens -1", "laps_pending_prefill_tokens"),
+    ("vllm:num_requests_waiting 1e300", "vllm:num_requests_waiting"),
+])
+def test_a_forged_report_is_refused_naming_the_metric(line, named):
+    # a peer's numbers are input: one the router would misread (a negative or infinite load,
+    # a zero chunk that makes every instance look far behind) is refused, not routed on
+    with pytest.raises(ValueError, match=named):
+        parse_metrics(METRICS + line + "\n")
+
+
+def test_a_block_layout_out_of_range_is_left_unknown():
+    for labels in ('block_size="0",num_gpu_blocks="10"', 'block_size="-8",num_gpu_blocks="10"',
+                   'block_size="x",num_gpu_blocks="10"', 'num_gpu_blocks="10"'):
+        r = parse_metrics(f"vllm:cache_config_info{{{labels}}} 1.0\n")
+        assert (r.block_size, r.num_blocks) == (None, None), labels
+    r = parse_metrics('vllm:cache_config_info{block_size="16",num_gpu_blocks="-1"} 1.0\n')
+    assert (r.block_size, r.num_blocks) == (16, None)
+
+
+def test_a_forged_report_marks_that_instance_down_and_polling_goes_on():
+    """Through the poller: an instance whose /metrics says +Inf is down with the reason; the
+    next honest report brings it back (the poll loop survived)."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from laps_jax.cluster.instances import Instance, poll_once
+
+    body = {"metrics": METRICS + "laps_long_chunk_tokens +Inf\n"}
+
+    async def go():
+        async def health(request):
+            return web.json_response({"status": "ok"})
+
+        async def metrics(request):
+            return web.Response(text=body["metrics"])
+
+        async def models(request):
+            return web.json_response({"data": []})
+
+        app = web.Application()
+        for path, handler in (("/health", health), ("/metrics", metrics), ("/v1/models", models)):
+            app.router.add_get(path, handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        inst = Instance(f"http://127.0.0.1:{port}")
+        seen = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                await poll_once(inst, http, timeout=1.0)
+                seen.append((inst.state, inst.report))
+                body["metrics"] = METRICS
+                await poll_once(inst, http, timeout=1.0)
+                seen.append((inst.state, inst.report.pending_tokens))
+        finally:
+            await runner.cleanup()
+        return seen, inst
+
+    seen, inst = asyncio.run(go())
+    assert seen[0] == ("down", None)
+    assert seen[1] == ("ok", 342.0)

@@ -363,7 +363,7 @@ def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
         assert headers["Retry-After"] == "1"
         with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
             st = json.loads(r.read())
-        assert st["policy"] == "laps" and st["instances"][0]["state"] == "down"
+        assert st["policy"] == "laps-adaptive" and st["instances"][0]["state"] == "down"
         assert st["instances"][0]["group"] == "short"
     finally:
         proc.send_signal(signal.SIGTERM)

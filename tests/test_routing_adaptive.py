@@ -69,3 +69,34 @@ def test_prefix_affinity_breaks_once_the_holder_is_further_behind_than_the_recom
         return p.choose(3000, [0, 1500, 0], loads, 0.0, short_loads=[100.0, 0.0, 0.0]).instance
     assert pick(28.0) == 1
     assert pick(32.0) == 2
+
+
+def test_every_instance_far_behind_goes_by_requests_in_flight():
+    # chunk 0.25 s; every instance at least 3 chunks behind. Instance 0 has the least
+    # predicted work (1 s, in 9 requests), instance 2 the fewest requests (2, 4 s): laps
+    # sends it by predicted finish, laps-adaptive where the fewest wait
+    loads, short, inflight = [1.0, 3.0, 4.0], [0.0] * 3, [9, 5, 2]
+    laps = make("laps").choose(300, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight)
+    assert laps.instance == 0
+    p = make("laps-adaptive")
+    assert p.choose(300, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight).instance == 2
+    assert p.stats.behind == 1
+    # the holder of most of the prompt keeps it while the counts are balanced
+    held = p.choose(300, [0, 200, 0], loads, 0.0, short_loads=short, inflight=inflight)
+    assert held.instance == 1 and held.cached_tokens == 200
+    # one instance under 3 chunks (0.7 s): the predicted finish decides again
+    loads[0] = 0.7
+    assert p.choose(300, [0] * 3, loads, 0.0, short_loads=short,
+                    inflight=inflight).instance == 0
+    # a caller that does not count requests in flight: the predicted finish too
+    assert make("laps-adaptive").choose(300, [0] * 3, [1.0, 3.0, 4.0], 0.0,
+                                        short_loads=short).instance == 0
+
+
+def test_far_behind_uses_each_instances_own_chunk():
+    # instance 1 reports a 2 s chunk: 4 s pending is only 2 of its chunks, so not every
+    # instance is behind and the predicted finish decides
+    p = make("laps-adaptive")
+    c = p.choose(300, [0] * 2 + [0], [1.0, 4.0, 4.0], 0.0, short_loads=[0.0] * 3,
+                 inflight=[9, 1, 5], chunk=[0.25, 2.0, 0.25])
+    assert c.instance == 0 and p.stats.behind == 0

@@ -307,6 +307,7 @@ class HTTPRouter:
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
+                "behind": s.behind,
                 "group_sizes": [list(g) for g in s.groups[-20:]],
                 "instances": [self._instance_status(k, draining[k], speeds[k])
                               for k in range(len(self.instances))]}

@@ -157,5 +157,6 @@ class Router:
         s = self.stats
         return {"policy": self.config.policy, "routed": list(s.routed),
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
+                "behind": s.behind,
                 "spill_s": self.spill_s, "groups": [list(g) for g in s.groups],
                 "instances": [d.metrics().to_dict() for d in self.d]}

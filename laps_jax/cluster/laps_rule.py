@@ -33,8 +33,17 @@ it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simul
 study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
 no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
 
-`adaptive` (policy `laps-adaptive`, screened before it may become the default) changes two
-things, from the same numbers, for traffic where every instance queues:
+`adaptive` (policy `laps-adaptive`) changes three things, from the same numbers, for traffic
+where every instance queues:
+- once every eligible instance is `BEHIND_CHUNKS` of its own long chunks behind, and the caller
+  counts each instance's requests in flight, the request goes where the SGLang gateway's
+  cache-aware rule sends it (`cache_aware.py`: the holder of most of the prompt while the
+  counts are balanced, else the fewest in flight). That deep in the queue a predicted finish
+  is a poor guide: each instance runs the least remaining first and lets long waiters jump
+  ahead, so what a request waits for is mostly work that arrives after it. On the simulated
+  H200's overloaded code-chat (8 instances, load 1.3) laps's predicted finish for a request
+  under 2,000 new tokens was a third of its real one, and counting requests missed 73 SLOs
+  where laps missed 125 (docs/SIMULATION.md, "Routers on the trace family");
 - once every eligible instance has at least its own long chunk pending, history recomputed
   away from its holder is charged at `BUSY_RECOMPUTE` x harm: with no instance idle nothing
   absorbs the extra work, it is capacity lost to every request queued behind it, so the
@@ -61,6 +70,7 @@ from laps_jax.scheduler.request import LONG, SHORT
 
 IDLE_S = 1e-9
 BUSY_RECOMPUTE = 2.0  # adaptive: recomputed history's weight (x harm) when every instance queues
+BEHIND_CHUNKS = 3.0   # adaptive: long chunks pending on every instance past which it counts
 
 
 @dataclasses.dataclass
@@ -98,6 +108,11 @@ def old_kind_left(groups: Groups, inp: LapsInputs) -> Callable[[int], float]:
 def pending_of(inp: LapsInputs) -> Callable[[int, str], float]:
     return lambda i, kind: (inp.short_loads[i] if kind == SHORT
                             else inp.loads[i] - inp.short_loads[i])
+
+
+def every_instance_behind(loads: Seq[float], chunk: Seq[float], ok: Seq[bool]) -> bool:
+    """Every eligible instance has at least `BEHIND_CHUNKS` of its long chunks pending."""
+    return all(loads[i] >= BEHIND_CHUNKS * chunk[i] for i in range(len(loads)) if ok[i])
 
 
 def pick_laps(inp: LapsInputs, groups: Groups, now: float,

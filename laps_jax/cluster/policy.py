@@ -7,8 +7,9 @@
   other group's work, and moves with hysteresis, dwell and draining (`laps_rule.py`,
   `groups.py`).
 - `laps-adaptive`: laps with the load-adaptive rule (`laps_rule.py`: recomputed history
-  weighs double once every instance queues; a one-chunk long request waits for the chunk in
-  progress).
+  weighs double once every instance queues; once every instance is three chunks behind, the
+  gateway's cache-aware rule by requests in flight; a one-chunk long request waits for the
+  chunk in progress).
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).
@@ -42,7 +43,7 @@ from collections.abc import Callable, Sequence as Seq
 from laps_jax.cluster.bucket import Buckets, BucketSettings
 from laps_jax.cluster.cache_aware import CacheAwareSettings, pick_cache_aware
 from laps_jax.cluster.groups import Groups, GroupSettings
-from laps_jax.cluster.laps_rule import LapsInputs, pick_laps
+from laps_jax.cluster.laps_rule import LapsInputs, every_instance_behind, pick_laps
 from laps_jax.scheduler.request import LONG, SHORT
 
 POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix", "bucket",
@@ -77,6 +78,7 @@ class RouterStats:
     by_affinity: int = 0
     spilled: int = 0
     moves: int = 0
+    behind: int = 0   # laps-adaptive: decided by requests in flight, every instance behind
     groups: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)  # t, short, long
 
 
@@ -140,7 +142,14 @@ class RoutingPolicy:
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
         p = self.config.policy
-        if p in LAPS and self.n > 1:
+        if p == "laps-adaptive" and self.n > 1 and inflight is not None and \
+                every_instance_behind(loads, chunk or [self.chunk_s] * self.n,
+                                      [ok(k) for k in range(self.n)]):
+            i, by_cache = pick_cache_aware(prompt_len, cached, inflight, self.stats.routed, ok,
+                                           self.config.cache_aware)
+            self.stats.by_affinity += by_cache
+            self.stats.behind += 1
+        elif p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
                                 decode_step, chunk, speed)
         elif p == "prefix":

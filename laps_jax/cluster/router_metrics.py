@@ -31,6 +31,9 @@ class _Instances:
         s = r.policy.stats
         yield CounterMetricFamily("laps_router_by_affinity",
                                   "Requests sent where their prefix is cached", value=s.by_affinity)
+        yield CounterMetricFamily("laps_router_far_behind",
+                                  "laps-adaptive: requests placed by requests in flight because "
+                                  "every instance was three long chunks behind", value=s.behind)
         yield CounterMetricFamily("laps_router_group_moves",
                                   "Instances moved between the short and long groups",
                                   value=s.moves)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Sequence as Seq
 
@@ -220,6 +221,9 @@ _ESCAPE = re.compile(r"\\(.)")
 _SIMPLE = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
            "vllm:kv_cache_usage_perc": "kv_usage", "laps_event_loop_stalls_total": "loop_stalls"}
 _SUMMED = {"laps_pending_prefill_tokens": "pending_tokens", "laps_kv_pages_used": "pages_used"}
+MAX_REPORTED_TOKENS = 1 << 24  # a threshold, chunk or block count past this is not a report
+MAX_BLOCK_SIZE = 1 << 16
+MAX_VALUE = 1e15  # any gauge read: past this a sum of them could overflow
 _READ = {*_SIMPLE, *_SUMMED, "laps_short_threshold_tokens", "laps_long_chunk_tokens",
          "vllm:cache_config_info"}
 
@@ -258,11 +262,29 @@ def _samples(text: str):
         yield name, labels, float(parts[0])
 
 
+def _size(labels: dict, key: str, limit: int) -> int | None:
+    """An integer label in [1, limit], else None (the layout is then not known)."""
+    try:
+        v = int(labels[key])
+    except (KeyError, ValueError):
+        return None
+    return v if 1 <= v <= limit else None
+
+
 def parse_metrics(text: str) -> MetricsReport:
     """The gauges the router reads from an instance's /metrics (Prometheus text); absent ones
-    stay None. Raises ValueError on text that is not Prometheus exposition format."""
+    stay None. Raises ValueError on text that is not Prometheus exposition format, and on a
+    value the router would misread: negative, not finite, a threshold or chunk outside
+    [1, MAX_REPORTED_TOKENS] (the instance then fails alone: marked down with that reason,
+    its report never reaching a routing decision). A block layout that is missing or out of
+    range is left unknown (no prefix index for that instance)."""
     r = MetricsReport()
     for name, labels, value in _samples(text):
+        if not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
+            raise ValueError(f"{name} is {value:g}: a count or gauge must be in [0, {MAX_VALUE:g}]")
+        if name in ("laps_short_threshold_tokens", "laps_long_chunk_tokens") and \
+                not 1 <= value <= MAX_REPORTED_TOKENS:
+            raise ValueError(f"{name} is {value:g}, outside [1, {MAX_REPORTED_TOKENS}]")
         if name in _SIMPLE:
             setattr(r, _SIMPLE[name], value)
         elif name in _SUMMED:
@@ -274,9 +296,8 @@ def parse_metrics(text: str) -> MetricsReport:
         elif name == "laps_long_chunk_tokens":
             r.long_chunk = int(value)
         elif name == "vllm:cache_config_info":
-            try:
-                r.block_size = int(labels["block_size"])
-                r.num_blocks = int(labels["num_gpu_blocks"])
-            except (KeyError, ValueError):
-                pass
+            r.block_size = _size(labels, "block_size", MAX_BLOCK_SIZE)
+            r.num_blocks = _size(labels, "num_gpu_blocks", MAX_REPORTED_TOKENS)
+            if r.block_size is None:
+                r.num_blocks = None
     return r

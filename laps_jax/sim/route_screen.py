@@ -19,6 +19,7 @@ from laps_jax.sim.sweep import Point, run_point
 POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive")
 CANDIDATES = ("laps", "laps-adaptive")
 BANDS = tuple(name for name, _, _ in GROUPS)
+FEW = 5  # under this many misses on both sides a ratio decides nothing (shown, not judged)
 # (band, against) -> the goal on pooled violations (issue: light and medium <= 0.72x RR and
 # <= 0.88x cache_aware; heavy <= 0.95x RR and <= 1.0x cache_aware)
 GOALS = {("light", "round-robin"): 0.72, ("medium", "round-robin"): 0.72,
@@ -120,6 +121,9 @@ def markdown(rows: list[dict]) -> str:
         line += [f"{by[p][0]:.0f}/{by[p][1]:.0f}" for p in pol]
         for c in cands:
             for base in ("round-robin", "prefix"):
+                if max(by[c][0], by[base][0]) < FEW:
+                    line.append(f"few ({by[c][0]:.0f} vs {by[base][0]:.0f})")
+                    continue
                 r = _ratio(by[c][0] / max(by[c][1], 1), by[base][0] / max(by[base][1], 1))
                 goal = GOALS[(b, base)]
                 line.append("-" if r is None else f"{r:.2f}{'' if r <= goal else ' ✗'}")
