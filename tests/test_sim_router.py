@@ -140,3 +140,27 @@ def test_laps_beats_least_load_on_a_skewed_burst():
     assert missed(lp_short) == 0 and missed(ll_short) >= 10
     assert p90(lp_short) < 0.6 * p90(ll_short)
     assert max(s.ttft for s in lp_long) < 1.1 * max(s.ttft for s in ll_long)
+
+
+def test_a_short_request_costs_its_padded_row_once_rows_add_up():
+    """On an H200 one short row alone is memory-bound (16 ms for 80 new tokens over a cached
+    4k document) but eight of them are compute-bound: what a batch of them takes (the latency
+    model on the real bucket) is about eight of the router's short costs, not one lone step."""
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.sim import hardware
+    from laps_jax.sim.instance import GridSpec, InstanceSpec
+
+    src = hardware.roofline("qwen2.5-32b")
+    clock = SimClock()
+    inst = InstanceSpec("laps", GridSpec(), kv_cache_tokens=65536)
+    ds = [build_dispatcher(inst, src.cfg, src.model, clock, f"i{i}") for i in range(2)]
+    r = Router(ds, RouterConfig(policy="laps"), clock)
+    grid = ds[0].lanes[0].executor.grid
+    alone = src.model.predict_prefill(80, 3500)
+    b = grid.fit_prefill(8, 80)
+    batch = src.model.predict(StepShape.bucketed((80,) * 8, (3500,) * 8, b.batch, b.tokens))
+    short = r.cost(80, 3500, True)
+    assert batch > 4 * alone                       # rows are not free here
+    assert short > alone / 8                       # so not the lone step's share
+    assert 0.8 * batch <= 8 * short <= 1.25 * batch  # but about a row of the batch
+    assert r.cost(3000, 0, False) == pytest.approx(src.model.predict_prefill(3000, 0))
