@@ -164,7 +164,6 @@ def test_parse_metrics_agrees_with_prometheus_client_on_rendered_text():
         parse_metrics('vllm:cache_config_info{block_size="8" 1.0\n')
 
 
-
 @pytest.mark.parametrize("line, named", [
     ("laps_long_chunk_tokens +Inf", "laps_long_chunk_tokens"),
     ("laps_long_chunk_tokens 0", "laps_long_chunk_tokens"),
@@ -191,8 +190,8 @@ def test_a_block_layout_out_of_range_is_left_unknown():
 
 
 def test_a_forged_report_marks_that_instance_down_and_polling_goes_on():
-    """Through the poller: an instance whose /metrics says +Inf is down with the reason; the
-    next honest report brings it back (the poll loop survived)."""
+    """Through the poller: an instance whose /metrics says +Inf is down, with no report kept;
+    the next honest report brings it back (the poll loop survived)."""
     import asyncio
 
     import aiohttp

@@ -97,6 +97,6 @@ def test_far_behind_uses_each_instances_own_chunk():
     # instance 1 reports a 2 s chunk: 4 s pending is only 2 of its chunks, so not every
     # instance is behind and the predicted finish decides
     p = make("laps-adaptive")
-    c = p.choose(300, [0] * 2 + [0], [1.0, 4.0, 4.0], 0.0, short_loads=[0.0] * 3,
+    c = p.choose(300, [0] * 3, [1.0, 4.0, 4.0], 0.0, short_loads=[0.0] * 3,
                  inflight=[9, 1, 5], chunk=[0.25, 2.0, 0.25])
     assert c.instance == 0 and p.stats.behind == 0

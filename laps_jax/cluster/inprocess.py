@@ -63,9 +63,12 @@ class Router:
         self.d = list(dispatchers)
         self.config = config or RouterConfig()
         self.clock = clock or self.d[0].clock
+        grid = self.d[0].lanes[0].executor.grid
+        full_step = self._full_step()
+        self._token_s = full_step / min(grid.max_chunk, grid.max_batch_tokens)  # full pace
         self.cost = cost or self._default_cost
         self.policy = RoutingPolicy(len(self.d), self.config, self.d[0].derived.is_short,
-                                    self._full_step(), self._chunk(), self.cost)
+                                    full_step, self._chunk(), self.cost)
         self.pending: list[list[tuple[Request, float, int, bool]]] = [[] for _ in self.d]
 
     @property
@@ -122,8 +125,7 @@ class Router:
         grid = self.d[0].lanes[0].executor.grid
         row = grid.fit_prefill(1, max(new, 1))
         width = row.tokens if row is not None else new
-        full = min(grid.max_chunk, grid.max_batch_tokens)
-        return max(t / grid.prefill_batches[-1], width * self._full_step() / full)
+        return max(t / grid.prefill_batches[-1], width * self._token_s)
 
     def _full_step(self) -> float:
         """Seconds of one full prefill step (cost units without a latency model)."""

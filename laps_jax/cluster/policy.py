@@ -145,17 +145,13 @@ class RoutingPolicy:
         if p == "laps-adaptive" and self.n > 1 and inflight is not None and \
                 every_instance_behind(loads, chunk or [self.chunk_s] * self.n,
                                       [ok(k) for k in range(self.n)]):
-            i, by_cache = pick_cache_aware(prompt_len, cached, inflight, self.stats.routed, ok,
-                                           self.config.cache_aware)
-            self.stats.by_affinity += by_cache
+            i = self._pick_cache_aware(prompt_len, cached, inflight, ok)
             self.stats.behind += 1
         elif p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
                                 decode_step, chunk, speed)
         elif p == "prefix":
-            i, by_cache = pick_cache_aware(prompt_len, cached, inflight or [0] * self.n,
-                                           self.stats.routed, ok, self.config.cache_aware)
-            self.stats.by_affinity += by_cache
+            i = self._pick_cache_aware(prompt_len, cached, inflight or [0] * self.n, ok)
         elif p == "bucket":
             i, by_balance = self.buckets.pick(prompt_len, self.cost(prompt_len, 0, False), loads,
                                               now, ok, self.spill_s)
@@ -165,6 +161,13 @@ class RoutingPolicy:
         self.stats.routed[i] += 1
         new = prompt_len - cached[i]
         return Choice(i, new, cached[i], self.is_short(new, cached[i]))
+
+    def _pick_cache_aware(self, prompt_len: int, cached: Seq[int], inflight: Seq[int],
+                          ok: Callable[[int], bool]) -> int:
+        i, by_cache = pick_cache_aware(prompt_len, cached, inflight, self.stats.routed, ok,
+                                       self.config.cache_aware)
+        self.stats.by_affinity += by_cache
+        return i
 
     def _pick(self, prompt_len: int, cached: Seq[int], loads: Seq[float], now: float,
               ok: Callable[[int], bool]) -> int:
