@@ -100,3 +100,19 @@ def test_far_behind_uses_each_instances_own_chunk():
     c = p.choose(300, [0] * 3, [1.0, 4.0, 4.0], 0.0, short_loads=[0.0] * 3,
                  inflight=[9, 1, 5], chunk=[0.25, 2.0, 0.25])
     assert c.instance == 0 and p.stats.behind == 0
+
+
+def test_far_behind_requests_still_size_the_groups():
+    # every instance far behind: the gateway's rule places the requests, but the groups must
+    # still see their work, or a long surge decided that way leaves the long group sized
+    # for the traffic before it
+    p = make("laps-adaptive")
+    loads, short, inflight = [4.0, 4.0, 4.0], [0.0] * 3, [3, 3, 3]
+    before = p.groups.short_share(0.0, 0.0, 0.0)
+    for _ in range(4):
+        p.choose(800, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight)
+    assert p.stats.behind == 4
+    assert p.groups.work[LONG] == pytest.approx(4 * 8.0)
+    assert p.groups.short_share(0.0, 0.0, 0.0) < before
+    p.choose(20, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight)
+    assert p.groups.work[SHORT] == pytest.approx(0.2)

@@ -147,6 +147,10 @@ class RoutingPolicy:
                                       [ok(k) for k in range(self.n)]):
             i = self._pick_cache_aware(prompt_len, cached, inflight, ok)
             self.stats.behind += 1
+            new_i = max(prompt_len - cached[i], 1)
+            short_i = self.is_short(new_i, cached[i])
+            self.groups.observe(SHORT if short_i else LONG, self.cost(new_i, cached[i], short_i),
+                                now)  # the groups keep sizing by all the work routed
         elif p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
                                 decode_step, chunk, speed)
