@@ -218,7 +218,7 @@ def test_a_forged_report_marks_that_instance_down_and_polling_goes_on():
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]
         inst = Instance(f"http://127.0.0.1:{port}")
         seen = []
         try:

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps: the long chunk a short request may wait out on an instance "
                          "with long work (default: what each instance reports in /metrics as "
                          "laps_long_chunk_tokens, the chunk its scheduler runs; 512 until it "
-                         "does)")
+                         "does). laps-adaptive also counts an instance far behind from 3 of "
+                         "these chunks pending")
     ap.add_argument("--spill-tokens", type=float, default=2048.0,
                     help="laps, length-aware: a long request goes to the short group when an "
                          "instance there has this many fewer pending prefill tokens (default "
