@@ -47,8 +47,8 @@ where every instance queues:
   count those requests' work, so a surge placed that way sizes them after it. Three chunks is
   about 0.2 s on an H200, so the rule also fires in ordinary Azure and Mooncake bursts, where
   it does worse than the predicted finish; the narrower conditions tried there (long requests
-  only; pending work also past the request's own cost) lost the overloaded case (SIMULATION.md,
-  "Router policies");
+  only; pending work also past the request's own cost; behind for 0.3-1 s) lost the overloaded
+  case (SIMULATION.md, "Router policies");
 - once every eligible instance has at least its own long chunk pending, history recomputed
   away from its holder is charged at `BUSY_RECOMPUTE` x harm: with no instance idle nothing
   absorbs the extra work, it is capacity lost to every request queued behind it, so the
