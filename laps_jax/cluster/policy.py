@@ -145,12 +145,7 @@ class RoutingPolicy:
         if p == "laps-adaptive" and self.n > 1 and inflight is not None and \
                 every_instance_behind(loads, chunk or [self.chunk_s] * self.n,
                                       [ok(k) for k in range(self.n)]):
-            i = self._pick_cache_aware(prompt_len, cached, inflight, ok)
-            self.stats.behind += 1
-            new_i = max(prompt_len - cached[i], 1)
-            short_i = self.is_short(new_i, cached[i])
-            self.groups.observe(SHORT if short_i else LONG, self.cost(new_i, cached[i], short_i),
-                                now)  # the groups keep sizing by all the work routed
+            i = self._pick_far_behind(prompt_len, cached, inflight, ok, now)
         elif p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
                                 decode_step, chunk, speed)
@@ -165,6 +160,17 @@ class RoutingPolicy:
         self.stats.routed[i] += 1
         new = prompt_len - cached[i]
         return Choice(i, new, cached[i], self.is_short(new, cached[i]))
+
+    def _pick_far_behind(self, prompt_len: int, cached: Seq[int], inflight: Seq[int],
+                         ok: Callable[[int], bool], now: float) -> int:
+        """laps-adaptive with every instance far behind: the gateway's rule places the request,
+        and the groups still count its work, as `pick_laps` counts its own choices."""
+        i = self._pick_cache_aware(prompt_len, cached, inflight, ok)
+        self.stats.behind += 1
+        new = max(prompt_len - cached[i], 1)
+        short = self.is_short(new, cached[i])
+        self.groups.observe(SHORT if short else LONG, self.cost(new, cached[i], short), now)
+        return i
 
     def _pick_cache_aware(self, prompt_len: int, cached: Seq[int], inflight: Seq[int],
                           ok: Callable[[int], bool]) -> int:
