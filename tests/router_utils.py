@@ -111,6 +111,50 @@ class RouterThread:
         self.thread.join(10)
 
 
+class StubInstance:
+    """A stand-in instance on its own event-loop thread: healthy to the router's polls (serving
+    `model`), and `completions(request)` answers its POST /v1/completions."""
+
+    def __init__(self, completions, model: str = MODEL):
+        from aiohttp import web
+        app = web.Application()
+
+        async def ok(request):
+            return web.json_response({"status": "ok"})
+
+        async def models(request):
+            return web.json_response({"object": "list", "data": [
+                {"id": model, "object": "model", "max_model_len": 512}]})
+
+        async def metrics(request):
+            return web.Response(text="")
+
+        self.posts = 0
+
+        async def counted(request):
+            self.posts += 1
+            return await completions(request)
+
+        app.router.add_post("/v1/completions", counted)
+        app.router.add_get("/health", ok)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/metrics", metrics)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def start():
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+            return self.runner.addresses[0][1]
+        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 def post(url: str, path: str, body=None, raw: bytes | None = None, headers=None,
          timeout: float = 120):
     """(status, JSON body, headers)."""

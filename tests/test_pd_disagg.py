@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from router_utils import StubInstance
 from test_router import RouterThread, post, sse, stream_text
 
 MODEL = "tiny-pd"
@@ -139,53 +140,19 @@ def test_max_tokens_one_ends_on_the_prefill_side(trio, split):
     assert got["choices"][0]["finish_reason"] == "length"
 
 
-class DyingDecode:
-    """A stand-in decode instance: healthy to the router's polls, but it drops the
-    connection of every request it is sent (a process that dies mid-transfer)."""
-
-    def __init__(self):
-        from aiohttp import web
-        app = web.Application()
-
-        async def die(request):
-            await request.read()
-            request.transport.abort()
-            await asyncio.sleep(1)
-
-        async def ok(request):
-            return web.json_response({"status": "ok"})
-
-        app.router.add_post("/v1/completions", die)
-        async def models(request):
-            return web.json_response({"object": "list", "data": [
-                {"id": MODEL, "object": "model", "max_model_len": 512}]})
-
-        app.router.add_get("/health", ok)
-        app.router.add_get("/v1/models", models)
-        async def metrics(request):
-            return web.Response(text="")
-
-        app.router.add_get("/metrics", metrics)
-        self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(app)
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-
-        async def start():
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            return self.runner.addresses[0][1]
-        port = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        self.url = f"http://127.0.0.1:{port}"
-
-    def close(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+def dying_decode():
+    """A stand-in decode instance that drops the connection of every request it is sent (a
+    process that dies mid-transfer)."""
+    async def die(request):
+        await request.read()
+        request.transport.abort()
+        await asyncio.sleep(1)
+    return StubInstance(die, MODEL)
 
 
 def test_decode_dies_mid_transfer_client_gets_json_and_prefill_frees(trio):
     path, procs = trio
-    stub = DyingDecode()
+    stub = dying_decode()
     r = _router([procs["prefill"].url, stub.url], path)
     try:
         r.wait(lambda s: s["healthy"] == 2, what="both healthy")

@@ -9,9 +9,19 @@ stream, passed through by `proxy.relay` (so a decode instance that dies mid-stre
 an error event, before it a JSON 502). The decode instance releases the prefill's pages as
 soon as it has pulled them (`X-Laps-PD-Release` names the prefill instance); once the decode
 leg has ended, however it ended, the router releases them too (`POST /pd/release`,
-idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. A decode
-instance that refuses the connection is skipped for another (the offer is still there).
-Every leg and release carries the split's secret (`server/pd_secret.py`).
+idempotent); the prefill's `--pd-timeout` frees them if both messages are lost. An instance
+of either side that refuses the connection is skipped for another (nothing was sent; on the
+decode side the offer is still there). Every leg and release carries the split's secret
+(`server/pd_secret.py`).
+
+The prefill instance's answer is input from another process: it becomes the decode leg's
+header, so it is read up to `MAX_HANDOFF` bytes (aiohttp's server takes a header field of
+8,190 at most) and must be a JSON object whose `handoff` is null or carries an integer `uuid`.
+Anything else ends that request alone with a 502 naming the instance, before a decode instance
+is asked for anything. The decode side checks every field again (`server/handoff_check.py`);
+its 400 `invalid_handoff` also reaches the client as that 502, since the client sent nothing
+wrong.
+Its error answers pass through when they are JSON errors; other bodies read as the same 502.
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
 decode instances by the longest cached prefix of the prompt (a follow-up turn goes where its
@@ -21,6 +31,7 @@ history is, as the decode side registers the pulled pages in its prefix cache), 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -37,6 +48,50 @@ from laps_jax.server.protocol import APIError
 log = logging.getLogger("laps_jax.router")
 PD_HEADER, HANDOFF_HEADER = "X-Laps-PD", "X-Laps-PD-Handoff"
 RELEASE_HEADER = "X-Laps-PD-Release"
+MAX_HANDOFF = 8000  # bytes of a prefill leg's answer, the decode leg's header (a genuine one:
+                    # a few hundred, up to ~1,500 with 20 top logprobs)
+
+
+class TooLong(Exception):
+    """An answer longer than `MAX_HANDOFF`."""
+
+
+@dataclasses.dataclass
+class PrefillAnswer:
+    """A prefill leg's answer, checked: the decode leg's header and the offer's uuid (None:
+    the first token ended the request), or the instance's own JSON error for the client."""
+
+    header: str | None = None
+    uuid: int | None = None
+    error: web.Response | None = None
+
+
+def read_prefill_answer(url: str, status: int, body: bytes) -> PrefillAnswer:
+    """`body` of a prefill leg's answer with `status`, checked; a 502 APIError naming the
+    instance when it is neither a hand-off nor a JSON error."""
+    def bad(why: str) -> APIError:
+        return APIError(f"the prefill instance {url} answered {why}", 502, "upstream_failed")
+    try:
+        ans = json.loads(body)
+    except ValueError:  # (UnicodeDecodeError is one)
+        ans = None
+    if status != 200:
+        if isinstance(ans, dict) and isinstance(ans.get("error"), dict) and 400 <= status < 600:
+            return PrefillAnswer(error=web.Response(
+                body=body, status=status, content_type="application/json",
+                headers={"Retry-After": "1"} if status == 503 else None))
+        raise bad(f"HTTP {status} without a JSON error")
+    if not isinstance(ans, dict):
+        raise bad("a hand-off that is not a JSON object")
+    hand, uuid = ans.get("handoff"), None
+    if hand is not None:
+        uuid = hand.get("uuid") if isinstance(hand, dict) else None
+        if type(uuid) is not int or not 0 <= uuid < 1 << 64:
+            raise bad("a hand-off without an integer 'uuid'")
+    header = json.dumps(ans)  # (ASCII: any other character is escaped)
+    if len(header) > MAX_HANDOFF:
+        raise bad(f"a hand-off of more than {MAX_HANDOFF} bytes")
+    return PrefillAnswer(header, uuid)
 
 
 def _least(cands: list[tuple[int, Instance]], score) -> tuple[int, Instance]:
@@ -67,19 +122,12 @@ class PDSplit:
     async def generate(self, request: web.Request, kind: str, raw: bytes, est) -> web.StreamResponse:
         r = self.router
         path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-        k, p = _least(self._ok(self.prefill), lambda c: (c[1].load.load, len(c[1].inflight)))
-        p.routed += 1
-        ticket = p.load.sent(est.tokens, time.monotonic())
-        try:
-            status, body = await self._prefill(p, path, raw)
-        finally:  # the prefill leg's answer is its prefill done
-            p.load.prefilled(ticket, time.monotonic())
-        if status != 200:  # the instance's own answer (a 4xx for bad input reads the same)
-            return web.Response(body=body, status=status, content_type="application/json",
-                                headers={"Retry-After": "1"} if status == 503 else None)
-        hand = json.loads(body)
-        uuid = (hand.get("handoff") or {}).get("uuid")
-        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: json.dumps(hand),
+        p, status, body = await self._prefill_leg(path, raw, est.tokens)
+        ans = read_prefill_answer(p.url, status, body)
+        if ans.error is not None:  # the instance's own (a 4xx for bad input reads the same)
+            return ans.error
+        uuid = ans.uuid
+        headers = {**self.headers, PD_HEADER: "decode", HANDOFF_HEADER: ans.header,
                    RELEASE_HEADER: p.url}  # the decode side frees the offer once pulled
         tried: set[int] = set()
         try:
@@ -93,13 +141,33 @@ class PDSplit:
                 if est.ids and d.blocks is not None:
                     d.blocks.add(est.ids)
                 try:
-                    return await relay(request, r.session, d, path, raw, est.stream, headers)
+                    resp = await relay(request, r.session, d, path, raw, est.stream, headers)
+                    return _blame_prefill(resp, p.url)
                 except InstanceDown as e:
                     d.mark_down(str(e))
                     tried.add(kd)
         finally:
             if uuid is not None:
                 asyncio.ensure_future(self._release(p, uuid))
+
+    async def _prefill_leg(self, path: str, raw: bytes, tokens: int
+                           ) -> tuple[Instance, int, bytes]:
+        """The prefill leg on the least loaded prefill instance, skipping any that refuses the
+        connection for the next: (instance, status, body)."""
+        tried: set[int] = set()
+        while True:
+            k, p = _least(self._ok(self.prefill, tried),
+                          lambda c: (c[1].load.load, len(c[1].inflight)))
+            p.routed += 1
+            ticket = p.load.sent(tokens, time.monotonic())
+            try:
+                status, body = await self._prefill(p, path, raw)
+                return p, status, body
+            except InstanceDown as e:
+                p.mark_down(str(e))
+                tried.add(k)
+            finally:  # the prefill leg's answer is its prefill done
+                p.load.prefilled(ticket, time.monotonic())
 
     async def _prefill(self, p: Instance, path: str, raw: bytes) -> tuple[int, bytes]:
         r = self.router
@@ -109,7 +177,12 @@ class PDSplit:
             async with await race(r.session.post(p.url + path, data=raw, headers={
                     "Content-Type": "application/json", **self.headers,
                     PD_HEADER: "prefill"}), down) as up:
-                return up.status, await race(up.read(), down)
+                return up.status, await race(_read_at_most(up, MAX_HANDOFF), down)
+        except aiohttp.ClientConnectorError as e:  # nothing sent: another may take it
+            raise InstanceDown(f"{type(e).__name__}: {e}") from None
+        except TooLong:
+            raise APIError(f"the prefill instance {p.url} answered a hand-off of more than "
+                           f"{MAX_HANDOFF} bytes", 502, "upstream_failed") from None
         except (Gone, aiohttp.ClientError) as e:
             raise gone_error(p, str(e) or type(e).__name__) from None
         finally:
@@ -126,4 +199,31 @@ class PDSplit:
             log.warning("could not release KV offer %d on %s: %s", uuid, p.url, e)
 
 
-__all__ = ["PDSplit"]
+def _blame_prefill(resp: web.StreamResponse, url: str) -> web.StreamResponse:
+    """The decode instance's answer, but its 400 `invalid_handoff` (a field of the prefill's
+    hand-off it refused: server/handoff_check.py) is the prefill peer's fault, not the
+    client's: a 502 naming that instance."""
+    if isinstance(resp, web.Response) and resp.status == 400 and resp.body is not None and \
+            b'"invalid_handoff"' in resp.body:
+        try:
+            why = json.loads(resp.body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            why = "a hand-off the decode instance refused"
+        raise APIError(f"the prefill instance {url} answered a bad hand-off ({why})", 502,
+                       "upstream_failed")
+    return resp
+
+
+async def _read_at_most(up: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, or TooLong as soon as it passes `limit` bytes (nothing more read)."""
+    if (up.content_length or 0) > limit:
+        raise TooLong
+    out = bytearray()
+    async for chunk in up.content.iter_chunked(1 << 14):
+        out += chunk
+        if len(out) > limit:
+            raise TooLong
+    return bytes(out)
+
+
+__all__ = ["PDSplit", "read_prefill_answer"]
