@@ -84,6 +84,27 @@ def test_shared_device_is_processor_sharing():
     assert done["b"] == pytest.approx(2.0)
 
 
+def test_waiters_woken_early_still_move_virtual_time():
+    """asyncio fires a timer up to its clock resolution early. Two tasks that each wait until
+    the same instant 10 ps away, one step apart, and wait again while it has not come, kept
+    each other ready, so virtual time never reached it (eight simulated lanes once spun so until killed)."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        target = loop.time() + 1e-11
+        waits = [0, 0]
+
+        async def until_target(k):
+            for _ in range(k):  # staggered: one is always ready when the other's timer is due
+                await asyncio.sleep(0)
+            while loop.time() < target and waits[k] < 10_000:
+                waits[k] += 1
+                await asyncio.sleep(target - loop.time())
+        await asyncio.gather(until_target(0), until_target(1))
+        return loop.time(), waits
+    now, waits = run_simulated(main())
+    assert now >= 1e-11 and max(waits) <= 2, waits
+
+
 # -- whole runs -------------------------------------------------------------------------------
 def _lmsys_run(seed: int, mode: str = "laps"):
     src = hardware.roofline("qwen2.5-32b")
