@@ -7,9 +7,11 @@ from __future__ import annotations
 from laps_jax.sim.route_screen import markdown, pooled
 
 
-def rows_for(member: str, n: int, load: float, viol: dict[str, int], done: int = 100):
+def rows_for(member: str, n: int, load: float, viol: dict[str, int], done: int = 100,
+             seed: int | None = None):
+    extra = {} if seed is None else {"seed": seed}
     return [{"member": member, "n": n, "load": load, "policy": p, "completed": done,
-             "violations": v, "tok_s": 1000.0} for p, v in viol.items()]
+             "violations": v, "tok_s": 1000.0, **extra} for p, v in viol.items()]
 
 
 def test_bands_pool_counts_and_the_worst_member_is_named():
@@ -37,3 +39,27 @@ def test_a_ratio_of_a_few_misses_is_shown_but_not_judged():
     assert "few (1 vs 1)" in md and "few (1 vs 0)" in md
     # the worst member in light blocks is the one with misses enough to count
     assert "laps / round-robin, light blocks: worst member busy 0.60 (goal <= 0.72: met)" in md
+
+
+def test_seeds_of_one_cell_pool_each_in_its_own_band(tmp_path):
+    """The same cell under two seeds is two cells: each banded by its own round-robin rate,
+    their counts added, neither replacing the other when the files are merged."""
+    import json
+    from laps_jax.sim.route_screen import merge_rows
+    base = {"least-load": 0, "bucket": 0}
+    files = []
+    for seed, viol in ((0, {"round-robin": 10, "prefix": 8, "laps": 4}),
+                       (1, {"round-robin": 12, "prefix": 10, "laps": 9}),
+                       (2, {"round-robin": 70, "prefix": 50, "laps": 60})):
+        path = tmp_path / f"seed_{seed}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n"
+                                for r in rows_for("a", 2, 0.5, {**viol, **base}, seed=seed)))
+        files.append(str(path))
+    g = pooled(merge_rows(files))
+    assert g[("a", "light")]["laps"][:2] == [13, 200]     # seeds 0 and 1: 10% and 12% RR
+    assert g[("a", "light")]["prefix"][:2] == [18, 200]
+    assert g[("a", "heavy")]["laps"][:2] == [60, 100]     # seed 2: 70% RR
+    md = markdown(merge_rows(files))
+    assert "| a | light | 2 |" in md and "| a | heavy | 1 |" in md
+    # rows without a seed are seed 0: a later file's row replaces them
+    assert len(merge_rows([files[0], files[0]])) == 5

@@ -43,7 +43,8 @@ where every instance queues:
   ahead, so what a request waits for is mostly work that arrives after it. On the simulated
   H200's overloaded code-chat (8 instances, load 1.3) laps's predicted finish for a request
   under 2,000 new tokens was a third of its real one, and counting requests missed 73 SLOs
-  where laps missed 125 (docs/SIMULATION.md, "Routers on the trace family"). The groups still
+  where laps missed 125 (352 vs 475 over five seeds; docs/SIMULATION.md, "Routers on the
+  trace family"). The groups still
   count those requests' work, so a surge placed that way sizes them after it. Three chunks is
   about 0.2 s on an H200, so the rule also fires in ordinary Azure and Mooncake bursts, where
   it does worse than the predicted finish; the narrower conditions tried there (long requests

@@ -1,11 +1,16 @@
 """Screening the routers on the trace family: every policy behind N laps instances, per member,
 instance count and load, reported as the router issue's goals are set.
 
-Each cell (member, N, load) runs every policy on the same arrivals. A cell's band is
+Each cell (member, N, load, seed) runs every policy on the same arrivals. A cell's band is
 round-robin's SLO miss rate there: light (< 20%), medium (20-50%), heavy (> 50%), as
 bench_routers.py groups its live blocks. Violations are pooled over a band's cells (counts,
 not a mean of rates), and each laps variant is set against round-robin and against `prefix`
 (the SGLang gateway's cache_aware decisions), per member and for the worst member.
+
+One seed per cell is not enough to rank these routers: the single-seed screen had
+laps-adaptive meeting every goal, and five seeds pooled (`--seed`, then `--from-rows` over
+the runs) put it at 0.94x prefix in medium load and 1.01x under overload. Rows carry their
+seed, so cells of different seeds pool by band, not replace each other.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ GOALS = {("light", "round-robin"): 0.72, ("medium", "round-robin"): 0.72,
 
 def screen(members: list[str], counts: list[int], loads: list[float], src, inst, sources,
            base, requests: int, log: Callable[[str], None] = print,
-           checkpoint: str | None = None, policies=POLICIES) -> list[dict]:
-    """One row per (member, N, load, policy): its SLO misses, requests and tok/s."""
+           checkpoint: str | None = None, policies=POLICIES, seed: int = 0) -> list[dict]:
+    """One row per (member, N, load, policy): its SLO misses, requests and tok/s (`seed`:
+    the run's, recorded in each row)."""
     rows = []
     for m in members:
         for n in counts:
@@ -38,7 +44,7 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
                 for pol in policies:
                     r = run_point(Point(m, "laps", n, pol, load=x, requests=requests),
                                   src, inst, sources, base)
-                    row = {"member": m, "n": n, "load": x, "policy": pol,
+                    row = {"member": m, "n": n, "load": x, "policy": pol, "seed": seed,
                            "completed": r.get("completed") or 0,
                            "violations": round((r.get("slo_violation_rate") or 0.0)
                                                * (r.get("completed") or 0)),
@@ -55,28 +61,29 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
 
 def merge_rows(paths: list[str]) -> list[dict]:
     """The rows of several rows.jsonl files; a later row replaces an earlier one of the same
-    member, N, load and policy."""
+    member, N, load, policy and seed (0 where a row has none)."""
     out: dict[tuple, dict] = {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 if line.strip():
                     r = json.loads(line)
-                    out[(r["member"], r["n"], r["load"], r["policy"])] = r
+                    out[(r["member"], r["n"], r["load"], r["policy"], r.get("seed", 0))] = r
     return list(out.values())
 
 
 def cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(member, N, load, seed) -> policy -> row."""
     out: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        out.setdefault((r["member"], r["n"], r["load"]), {})[r["policy"]] = r
+        out.setdefault((r["member"], r["n"], r["load"], r.get("seed", 0)), {})[r["policy"]] = r
     return out
 
 
 def pooled(rows: list[dict]) -> dict:
     """Per (member or 'all', band): each policy's pooled violations, requests and tok/s."""
     out: dict[tuple, dict[str, list[float]]] = {}
-    for (m, _, _), by in cells(rows).items():
+    for (m, *_), by in cells(rows).items():
         rr = by.get("round-robin")
         if rr is None or not rr["completed"]:
             continue
@@ -109,7 +116,7 @@ def markdown(rows: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = pooled(rows)
     n_cells = {}
-    for (m, n, x), by in cells(rows).items():
+    for (m, *_), by in cells(rows).items():
         rr = by["round-robin"]
         b = band_of(rr["violations"] / max(rr["completed"], 1))
         for key in ((m, b), ("all members", b)):
