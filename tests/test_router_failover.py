@@ -40,11 +40,12 @@ def word(i: int) -> str:
 
 class FakeInstance:
     """Completions of `max_tokens` tokens 100, 101, ... (text "w0 w1 ..."), resumable as
-    serve.py's are; `mode` "reset" closes each connection before answering, `cut_at` N ends
-    the connection after the stream's N-th token."""
+    serve.py's are; `mode` "reset" closes each connection before answering, "endless" answers
+    blanks without end (up to 64 MiB, counted in `written`); `cut_at` N ends the connection
+    after the stream's N-th token."""
 
     def __init__(self, mode: str = "ok", cut_at: int | None = None):
-        self.mode, self.cut_at, self.bodies = mode, cut_at, []
+        self.mode, self.cut_at, self.bodies, self.written = mode, cut_at, [], 0
         app = web.Application()
         app.router.add_post("/v1/completions", self.complete)
         self.server = TestServer(app, host="127.0.0.1")
@@ -64,6 +65,16 @@ class FakeInstance:
             return json.dumps({"id": rid, "object": "text_completion", "created": created,
                                "choices": [{"index": 0, "text": text,
                                             "finish_reason": finish}]}).encode()
+        if self.mode == "endless":  # an answer that never ends, unless its reader goes away
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            try:
+                while self.written < 64 << 20:
+                    await resp.write(b" " * 65536)
+                    self.written += 65536
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            return resp
         if not body.get("stream"):
             return web.Response(body=chunk("".join(map(word, range(n))), "length"),
                                 content_type="application/json")
@@ -154,6 +165,26 @@ def test_a_request_that_got_no_byte_goes_to_the_other_instance(monkeypatch, capl
     said = [r.getMessage() for r in caplog.records if "request sent again" in r.getMessage()]
     assert len(said) == (1 if failure == "refused" else 2)
     assert len(good.bodies) == 2
+
+
+def test_an_endless_answer_is_cut_off_and_sent_to_the_other_instance(monkeypatch):
+    """An instance's whole answer is read to `MAX_ANSWER_BYTES` at most (a broken or forged
+    one must not fill the router's memory); past it nothing has reached the client, so the
+    request goes to the other instance."""
+    from laps_jax.cluster import proxy
+    monkeypatch.setattr(proxy, "MAX_ANSWER_BYTES", 1 << 20)
+    endless, good = FakeInstance("endless"), FakeInstance()
+
+    async def test(s, url, router):
+        router.policy._rr = 0  # round-robin: the endless one first
+        async with s.post(url + "/v1/completions",
+                          json={"prompt": [1, 2, 3], "max_tokens": 6}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["choices"][0]["text"] == "".join(map(word, range(6)))
+        await asyncio.sleep(0.2)
+        assert 1 << 20 <= endless.written < 16 << 20  # it stopped being read past the cap
+    run_router([endless, good], test, monkeypatch)
+    assert len(endless.bodies) == 1 and len(good.bodies) == 1
 
 
 def test_a_stream_cut_mid_way_resumes_on_the_other_instance(monkeypatch, caplog):

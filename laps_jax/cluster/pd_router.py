@@ -40,7 +40,8 @@ import aiohttp
 from aiohttp import web
 
 from laps_jax.cluster.instances import Instance
-from laps_jax.cluster.proxy import Gone, InstanceDown, gone_error, race, relay
+from laps_jax.cluster.proxy import (Gone, InstanceDown, TooLong, gone_error, race,
+                                    read_at_most, relay)
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import pd_secret
 from laps_jax.server.protocol import APIError
@@ -50,10 +51,6 @@ PD_HEADER, HANDOFF_HEADER = "X-Laps-PD", "X-Laps-PD-Handoff"
 RELEASE_HEADER = "X-Laps-PD-Release"
 MAX_HANDOFF = 8000  # bytes of a prefill leg's answer, the decode leg's header (a genuine one:
                     # a few hundred, up to ~1,500 with 20 top logprobs)
-
-
-class TooLong(Exception):
-    """An answer longer than `MAX_HANDOFF`."""
 
 
 @dataclasses.dataclass
@@ -177,7 +174,7 @@ class PDSplit:
             async with await race(r.session.post(p.url + path, data=raw, headers={
                     "Content-Type": "application/json", **self.headers,
                     PD_HEADER: "prefill"}), down) as up:
-                return up.status, await race(_read_at_most(up, MAX_HANDOFF), down)
+                return up.status, await race(read_at_most(up, MAX_HANDOFF), down)
         except aiohttp.ClientConnectorError as e:  # nothing sent: another may take it
             raise InstanceDown(f"{type(e).__name__}: {e}") from None
         except TooLong:
@@ -212,18 +209,6 @@ def _blame_prefill(resp: web.StreamResponse, url: str) -> web.StreamResponse:
         raise APIError(f"the prefill instance {url} answered a bad hand-off ({why})", 502,
                        "upstream_failed")
     return resp
-
-
-async def _read_at_most(up: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The answer's body, or TooLong as soon as it passes `limit` bytes (nothing more read)."""
-    if (up.content_length or 0) > limit:
-        raise TooLong
-    out = bytearray()
-    async for chunk in up.content.iter_chunked(1 << 14):
-        out += chunk
-        if len(out) > limit:
-            raise TooLong
-    return bytes(out)
 
 
 __all__ = ["PDSplit", "read_prefill_answer"]

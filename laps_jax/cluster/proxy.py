@@ -38,6 +38,7 @@ HUNG = "it stopped answering the router's health checks"
 
 
 MAX_EVENT_BYTES = 4 << 20  # an SSE event from an instance may not be longer
+MAX_ANSWER_BYTES = 64 << 20  # nor a whole (not streamed) answer: the router holds it all
 MAX_TOKENS = 1 << 20  # token ids a passage records, at most
 
 
@@ -67,6 +68,23 @@ class BadStream(Exception):
 
 class Gone(Exception):
     """The instance stopped answering after the request was sent."""
+
+
+class TooLong(Exception):
+    """An answer longer than the reader's limit."""
+
+
+async def read_at_most(up: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, or TooLong as soon as it passes `limit` bytes (nothing more read):
+    an instance's answer is input, and an endless one must not fill the router's memory."""
+    if (up.content_length or 0) > limit:
+        raise TooLong
+    out = bytearray()
+    async for chunk in up.content.iter_chunked(1 << 16):
+        out += chunk
+        if len(out) > limit:
+            raise TooLong
+    return bytes(out)
 
 
 async def race(aw, down: asyncio.Future):
@@ -191,7 +209,10 @@ async def pass_through(request: web.Request, session: aiohttp.ClientSession, ins
         out_headers = {h: up.headers[h] for h in PASS_HEADERS if h in up.headers}
         if not (stream and up.status == 200
                 and up.headers.get("Content-Type", "").startswith("text/event-stream")):
-            body = await _read(up.read(), down)
+            try:
+                body = await _read(read_at_most(up, MAX_ANSWER_BYTES), down)
+            except TooLong:
+                raise BadStream(f"an answer over {MAX_ANSWER_BYTES >> 20} MiB") from None
             if passage.resp is not None:  # resuming: any answer but a stream is a failure
                 raise BadStream(f"it answered {up.status} to the resumed stream")
             on_first()
