@@ -44,12 +44,12 @@ where every instance queues:
   H200's overloaded code-chat (8 instances, load 1.3) laps's predicted finish for a request
   under 2,000 new tokens was a third of its real one, and counting requests missed 73 SLOs
   where laps missed 125 (352 vs 475 over five seeds; docs/SIMULATION.md, "Routers on the
-  trace family"). The groups still
-  count those requests' work, so a surge placed that way sizes them after it. Three chunks is
-  about 0.2 s on an H200, so the rule also fires in ordinary Azure and Mooncake bursts, where
-  it does worse than the predicted finish; the narrower conditions tried there (long requests
-  only; pending work also past the request's own cost; behind for 0.3-1 s) lost the overloaded
-  case (SIMULATION.md, "Router policies");
+  trace family"). The groups still count those requests' work, so a surge placed that way
+  sizes them after it. Three chunks is about 0.2 s on an H200, so the rule also fires in
+  ordinary Azure and Mooncake bursts, where laps without it does better; the narrower
+  conditions tried there (long requests only; pending work also past the request's own cost;
+  behind for 0.3-1 s) lost the overloaded case, and 2, 4 or 5 chunks trade the family's
+  medium band against its heavy one within five seeds' noise (SIMULATION.md);
 - once every eligible instance has at least its own long chunk pending, history recomputed
   away from its holder is charged at `BUSY_RECOMPUTE` x harm: with no instance idle nothing
   absorbs the extra work, it is capacity lost to every request queued behind it, so the

@@ -18,10 +18,10 @@ The prefill instance's answer is input from another process: it becomes the deco
 header, so it is read up to `MAX_HANDOFF` bytes (aiohttp's server takes a header field of
 8,190 at most) and must be a JSON object whose `handoff` is null or carries an integer `uuid`.
 Anything else ends that request alone with a 502 naming the instance, before a decode instance
-is asked for anything. The decode side checks every field again (`server/handoff_check.py`);
-its 400 `invalid_handoff` also reaches the client as that 502, since the client sent nothing
-wrong.
-Its error answers pass through when they are JSON errors; other bodies read as the same 502.
+is asked for anything. Its error answers pass through when they are JSON errors; other
+bodies read as the same 502. The decode side checks every field again
+(`server/handoff_check.py`); its 400 `invalid_handoff` also reaches the client as that 502,
+since the client sent nothing wrong.
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
 decode instances by the longest cached prefix of the prompt (a follow-up turn goes where its
