@@ -38,7 +38,9 @@ HUNG = "it stopped answering the router's health checks"
 
 
 MAX_EVENT_BYTES = 4 << 20  # an SSE event from an instance may not be longer
-MAX_ANSWER_BYTES = 64 << 20  # nor a whole (not streamed) answer: the router holds it all
+MAX_ANSWER_BYTES = 256 << 20  # nor a whole (not streamed) answer, which the router holds
+# whole: a genuine one is at most ~1.5 KB a token (a chat token with 20 top logprobs, each
+# with its bytes), so 128k tokens fit
 MAX_TOKENS = 1 << 20  # token ids a passage records, at most
 
 
