@@ -185,19 +185,22 @@ def test_an_endless_prefill_answer_is_cut_off_at_the_cap():
         decode.stub.close()
 
 
-def test_a_prefill_instance_that_refuses_is_skipped_for_another():
+def test_a_prefill_instance_that_refuses_is_skipped_for_another(monkeypatch):
     """An instance that died between two health polls refuses the leg's connection: nothing
     was sent, so the leg goes to the next prefill instance and the client sees no error."""
+    from laps_jax.cluster import http_router
+
+    async def no_polls(*a, **k):  # each instance is as the test says (no health polls)
+        await asyncio.Event().wait()
+    monkeypatch.setattr(http_router, "poll_forever", no_polls)
     good, decode = Prefill(), Decode()
     dead = f"http://127.0.0.1:{free_port()}"
     r = _split([dead, good.stub.url, decode.stub.url], 2)
     try:
-        r.wait(lambda s: s["healthy"] == 2, what="the two stubs healthy")
-
-        async def died_between_polls():  # it reads healthy and idle, so it is picked first
-            r.router._pollers[0].cancel()
-            r.router.instances[0].mark_ok(parse_metrics(""), time.monotonic())
-        r.call(died_between_polls())
+        async def all_healthy():  # the dead one, healthy and idle at its last poll, first
+            for inst in r.router.instances:
+                inst.mark_ok(parse_metrics(""), time.monotonic())
+        r.call(all_healthy())
         assert r.status()["healthy"] == 3
         status, body, _ = post(r.url, "/v1/completions", BODY)
         assert status == 200 and body["choices"][0]["text"] == " ok", body

@@ -200,15 +200,16 @@ def _blame_prefill(resp: web.StreamResponse, url: str) -> web.StreamResponse:
     """The decode instance's answer, but its 400 `invalid_handoff` (a field of the prefill's
     hand-off it refused: server/handoff_check.py) is the prefill peer's fault, not the
     client's: a 502 naming that instance."""
-    if isinstance(resp, web.Response) and resp.status == 400 and resp.body is not None and \
-            b'"invalid_handoff"' in resp.body:
-        try:
-            why = json.loads(resp.body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            why = "a hand-off the decode instance refused"
-        raise APIError(f"the prefill instance {url} answered a bad hand-off ({why})", 502,
-                       "upstream_failed")
-    return resp
+    if not (isinstance(resp, web.Response) and resp.status == 400 and resp.body):
+        return resp
+    try:
+        err = json.loads(resp.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return resp
+    if not isinstance(err, dict) or err.get("code") != "invalid_handoff":
+        return resp
+    raise APIError(f"the prefill instance {url} answered a bad hand-off "
+                   f"({err.get('message')})", 502, "upstream_failed")
 
 
 __all__ = ["PDSplit", "read_prefill_answer"]

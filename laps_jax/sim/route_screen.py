@@ -34,9 +34,9 @@ GOALS = {("light", "round-robin"): 0.72, ("medium", "round-robin"): 0.72,
 
 def screen(members: list[str], counts: list[int], loads: list[float], src, inst, sources,
            base, requests: int, log: Callable[[str], None] = print,
-           checkpoint: str | None = None, policies=POLICIES, seed: int = 0) -> list[dict]:
-    """One row per (member, N, load, policy): its SLO misses, requests and tok/s (`seed`:
-    the run's, recorded in each row)."""
+           checkpoint: str | None = None, policies=POLICIES) -> list[dict]:
+    """One row per (member, N, load, policy): its SLO misses, requests and tok/s, and the
+    seed of the member's workload source."""
     rows = []
     for m in members:
         for n in counts:
@@ -44,7 +44,8 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
                 for pol in policies:
                     r = run_point(Point(m, "laps", n, pol, load=x, requests=requests),
                                   src, inst, sources, base)
-                    row = {"member": m, "n": n, "load": x, "policy": pol, "seed": seed,
+                    row = {"member": m, "n": n, "load": x, "policy": pol,
+                           "seed": sources[m].seed,
                            "completed": r.get("completed") or 0,
                            "violations": round((r.get("slo_violation_rate") or 0.0)
                                                * (r.get("completed") or 0)),
