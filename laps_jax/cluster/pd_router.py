@@ -15,8 +15,8 @@ decode side the offer is still there). Every leg and release carries the split's
 (`server/pd_secret.py`).
 
 The prefill instance's answer is input from another process: it becomes the decode leg's
-header, so it is read up to `MAX_HANDOFF` bytes (aiohttp's server takes a header field of
-8,190 at most) and must be a JSON object whose `handoff` is null or carries an integer `uuid`.
+header, so it is read up to `MAX_HANDOFF` bytes (the decode side's own cap,
+`handoff_check.MAX_HEADER`, under aiohttp's 8,190 per header field) and must be a JSON object whose `handoff` is null or carries an integer `uuid`.
 Anything else ends that request alone with a 502 naming the instance, before a decode instance
 is asked for anything. Its error answers pass through when they are JSON errors; other
 bodies read as the same 502. The decode side checks every field again
@@ -44,13 +44,12 @@ from laps_jax.cluster.proxy import (Gone, InstanceDown, TooLong, gone_error, rac
                                     read_at_most, relay)
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import pd_secret
+from laps_jax.server.handoff_check import HEADER as HANDOFF_HEADER
+from laps_jax.server.handoff_check import MAX_HEADER as MAX_HANDOFF
+from laps_jax.server.handoff_check import PD_HEADER, RELEASE_HEADER
 from laps_jax.server.protocol import APIError
 
 log = logging.getLogger("laps_jax.router")
-PD_HEADER, HANDOFF_HEADER = "X-Laps-PD", "X-Laps-PD-Handoff"
-RELEASE_HEADER = "X-Laps-PD-Release"
-MAX_HANDOFF = 8000  # bytes of a prefill leg's answer, the decode leg's header (a genuine one:
-                    # a few hundred, up to ~1,500 with 20 top logprobs)
 
 
 @dataclasses.dataclass

@@ -31,7 +31,6 @@ from laps_jax.server.sglang_api import add_sglang_routes
 from laps_jax.server.state import STATE, ServerState, decode_json, read_body, submit
 
 log = logging.getLogger("laps_jax.server")
-PD_HEADER = "X-Laps-PD"  # "prefill" or "decode": a leg of a prefill/decode split (pd.py)
 PARSE_THREADS = 4  # requests decoded and tokenized at once, off the event loop
 
 
@@ -93,7 +92,7 @@ def _parse(raw: bytes, kind: str, state: ServerState) -> GenerationRequest:
 
 async def generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE]
-    leg = PD_HEADER in request.headers  # one half of a prefill/decode split (server/pd.py):
+    leg = pd.PD_HEADER in request.headers  # one half of a prefill/decode split (server/pd.py):
     hand = pd.pd_leg(request, state) if leg else None  # role, secret, hand-off before the body
     raw = await read_body(request, state.read_timeout_s)
     req = await asyncio.get_running_loop().run_in_executor(

@@ -16,8 +16,13 @@ import math
 from laps_jax.engine.sequence import TokenLogprobs
 from laps_jax.server.protocol import APIError
 
+# The split's wire names, one copy for both sides and the router (cluster/pd_router.py)
+PD_HEADER = "X-Laps-PD"                # "prefill" or "decode": which leg (pd.py)
 HEADER = "X-Laps-PD-Handoff"
-MAX_HEADER = 16 << 10  # a descriptor is a few hundred bytes; aiohttp's own cap is 8 KiB
+RELEASE_HEADER = "X-Laps-PD-Release"   # the prefill instance's base URL (the router's word)
+MAX_HEADER = 8000  # bytes of a descriptor: a genuine one is a few hundred, ~1,500 with 20 top
+                   # logprobs; under aiohttp's 8,190 per header field, so the router's cap on
+                   # the prefill leg's answer and this side's check are the same number
 MAX_TOP = 20           # OpenAI's top_logprobs cap
 REASONS = (None, "stop", "length")
 
@@ -65,7 +70,7 @@ def read_handoff(raw: str, vocab_size: int) -> Handoff:
     """The header's hand-off, every field checked (no engine needed yet)."""
     from laps_jax.engine.kv_remote import Offer
     if not raw or len(raw) > MAX_HEADER:
-        raise _bad("missing" if not raw else "too long")
+        raise _bad("missing" if not raw else f"too long (over {MAX_HEADER} bytes)")
     try:
         d = json.loads(raw)
     except (ValueError, RecursionError) as e:

@@ -37,14 +37,14 @@ from prometheus_client.core import GaugeMetricFamily
 from laps_jax.scheduler.pd import NoRoom, Offers, PDConfig
 from laps_jax.scheduler.pd_adopt import Adopter
 from laps_jax.server import pd_secret
-from laps_jax.server.handoff_check import Handoff, check_offer, read_handoff
+from laps_jax.server.handoff_check import HEADER as HANDOFF_HEADER
+from laps_jax.server.handoff_check import (PD_HEADER, RELEASE_HEADER, Handoff, check_offer,
+                                           read_handoff)
 from laps_jax.server.openai_api import answer
 from laps_jax.server.protocol import APIError, GenerationRequest
 from laps_jax.server.state import ServerState, check_room, decode_json, submit
 
 log = logging.getLogger("laps_jax.server")
-HANDOFF_HEADER = "X-Laps-PD-Handoff"
-RELEASE_HEADER = "X-Laps-PD-Release"  # the prefill instance's base URL (the router's word)
 
 
 class PDServer:
@@ -125,7 +125,7 @@ def pd_leg(request: web.Request, state: ServerState) -> Handoff | None:
     """Before the body is read: the leg's role and secret, and a decode leg's hand-off header
     (anything wrong is a 4xx now, nothing spent). None for a prefill leg."""
     pd = state.pd
-    leg = request.headers.get("X-Laps-PD", "")
+    leg = request.headers.get(PD_HEADER, "")
     role = pd.cfg.role if pd is not None else "both"
     if leg not in ("prefill", "decode") or role != leg:
         raise APIError(f"this instance's --role is {role}: it does not take X-Laps-PD: {leg}",
