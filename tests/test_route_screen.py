@@ -63,3 +63,32 @@ def test_seeds_of_one_cell_pool_each_in_its_own_band(tmp_path):
     assert "| a | light | 2 |" in md and "| a | heavy | 1 |" in md
     # rows without a seed are seed 0: a later file's row replaces them
     assert len(merge_rows([files[0], files[0]])) == 5
+
+
+def test_tails_are_the_geometric_mean_of_per_cell_ratios_against_prefix():
+    """A candidate twice prefix's p99 in one cell and half of it in another is level (1.00),
+    not ahead or behind as a mean of the milliseconds would say; a cell without the figures
+    is left out, and each cell counts in its own band."""
+    from laps_jax.sim.route_screen import tails
+    base = {"least-load": 0, "bucket": 0}
+
+    def cell(n, rr_viol, prefix_ms, laps_ms, with_tails=True):
+        rows = rows_for("a", n, 0.5, {"round-robin": rr_viol, "prefix": 5, "laps": 5, **base})
+        for r in rows:
+            ms = {"prefix": prefix_ms, "laps": laps_ms}.get(r["policy"])
+            if ms is not None and with_tails:
+                r.update(ttft_ms_p90=ms[0], ttft_ms_p99=ms[1], ttft_ms_mean=ms[2])
+        return rows
+
+    rows = (cell(2, 10, (100, 1000, 50), (50, 2000, 50))      # light
+            + cell(4, 10, (100, 4000, 40), (200, 2000, 10))   # light
+            + cell(8, 10, (1, 1, 1), (9, 9, 9), with_tails=False)
+            + cell(16, 80, (300, 600, 90), (150, 300, 30)))   # heavy
+    t = tails(rows)
+    (p90, p99, mean), n = t[("a", "light")]["laps"]
+    assert n == 2
+    assert abs(p90 - 1.0) < 1e-9 and abs(p99 - 1.0) < 1e-9 and abs(mean - 0.5) < 1e-9
+    (p90, p99, mean), n = t[("all members", "heavy")]["laps"]
+    assert n == 1 and abs(p90 - 0.5) < 1e-9 and abs(mean - 1 / 3) < 1e-9
+    md = markdown(rows)
+    assert "| a | light (2 cells) | 1.00 | 1.00 | 0.50 |" in md

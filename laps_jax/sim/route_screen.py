@@ -11,11 +11,18 @@ One seed per cell is not enough to rank these routers: the single-seed screen ha
 laps-adaptive meeting every goal, and five seeds pooled (`--seed`, then `--from-rows` over
 the runs) put it at 0.94x prefix in medium load and 1.01x under overload. Rows carry their
 seed, so cells of different seeds pool by band, not replace each other.
+
+A count of misses says nothing about how late the misses are, and a router can buy a lower
+count by letting one instance fall far behind (its requests miss by seconds, the others'
+meet). So rows also carry each cell's TTFT p90, p99 and mean, and the report sets each
+candidate's tails against the baselines: the geometric mean over a band's cells of the
+per-cell ratio (percentiles of different cells do not pool).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 from laps_jax.sim.load_bands import GROUPS, group_of as band_of
@@ -24,6 +31,7 @@ from laps_jax.sim.sweep import Point, run_point
 POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive")
 CANDIDATES = ("laps", "laps-adaptive")
 BANDS = tuple(name for name, _, _ in GROUPS)
+TAILS = ("ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean")
 FEW = 5  # under this many misses on both sides a ratio decides nothing (shown, not judged)
 # (band, against) -> the goal on pooled violations (issue: light and medium <= 0.72x RR and
 # <= 0.88x cache_aware; heavy <= 0.95x RR and <= 1.0x cache_aware)
@@ -50,6 +58,7 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
                            "violations": round((r.get("slo_violation_rate") or 0.0)
                                                * (r.get("completed") or 0)),
                            "tok_s": r.get("prompt_tok_s") or 0.0, "wall_s": r["wall_s"]}
+                    row.update({k: r[k] for k in TAILS if r.get(k) is not None})
                     rows.append(row)
                     if checkpoint:
                         with open(checkpoint, "a") as f:
@@ -81,14 +90,18 @@ def cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     return out
 
 
+def band_cells(rows: list[dict]):
+    """(member, band, policy -> row) per cell with a round-robin row that completed any."""
+    for (m, *_), by in cells(rows).items():
+        rr = by.get("round-robin")
+        if rr is not None and rr["completed"]:
+            yield m, band_of(rr["violations"] / rr["completed"]), by
+
+
 def pooled(rows: list[dict]) -> dict:
     """Per (member or 'all', band): each policy's pooled violations, requests and tok/s."""
     out: dict[tuple, dict[str, list[float]]] = {}
-    for (m, *_), by in cells(rows).items():
-        rr = by.get("round-robin")
-        if rr is None or not rr["completed"]:
-            continue
-        band = band_of(rr["violations"] / rr["completed"])
+    for m, band, by in band_cells(rows):
         for key in ((m, band), ("all members", band)):
             for pol, r in by.items():
                 acc = out.setdefault(key, {}).setdefault(pol, [0, 0, 0.0])
@@ -96,6 +109,25 @@ def pooled(rows: list[dict]) -> dict:
                 acc[1] += r["completed"]
                 acc[2] += r["tok_s"]
     return out
+
+
+def tails(rows: list[dict], against: str = "prefix") -> dict:
+    """Per (member or 'all members', band) and candidate: the geometric mean over the cells of
+    the candidate's TTFT p90, p99 and mean over `against`'s, and the cells counted (cells
+    without those figures, or with a zero, are left out)."""
+    logs: dict[tuple, dict[str, list[list[float]]]] = {}
+    for m, band, by in band_cells(rows):
+        base = by.get(against)
+        for c in CANDIDATES:
+            r = by.get(c)
+            if base is None or r is None or not all(r.get(k) and base.get(k) for k in TAILS):
+                continue
+            for key in ((m, band), ("all members", band)):
+                acc = logs.setdefault(key, {}).setdefault(c, [[] for _ in TAILS])
+                for a, k in zip(acc, TAILS):
+                    a.append(math.log(r[k] / base[k]))
+    return {key: {c: ([math.exp(sum(a) / len(a)) for a in acc], len(acc[0]))
+                  for c, acc in by.items()} for key, by in logs.items()}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -117,9 +149,7 @@ def markdown(rows: list[dict]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = pooled(rows)
     n_cells = {}
-    for (m, *_), by in cells(rows).items():
-        rr = by["round-robin"]
-        b = band_of(rr["violations"] / max(rr["completed"], 1))
+    for m, b, _ in band_cells(rows):
         for key in ((m, b), ("all members", b)):
             n_cells[key] = n_cells.get(key, 0) + 1
     worst: dict[tuple, tuple[float, str]] = {}
@@ -149,4 +179,17 @@ def markdown(rows: list[dict]) -> str:
         goal = GOALS[(b, base)]
         out.append(f"- {c} / {base}, {b} blocks: worst member {m} {r:.2f} (goal <= {goal}: "
                    f"{'met' if r <= goal else 'missed'})")
+    t = tails(rows)
+    if t:
+        out += ["", "TTFT tails against prefix: geometric mean over the cells of the per-cell "
+                "ratio (under 1: the candidate's are shorter)", "",
+                "| member | band | " + " | ".join(f"{c} {k} / prefix" for c in cands
+                                                  for k in ("p90", "p99", "mean")) + " |",
+                "|---|---|" + "---|" * (3 * len(cands))]
+        for (m, b), by in sorted(t.items(), key=lambda kv: (kv[0][0] == "all members",
+                                                          kv[0][0], BANDS.index(kv[0][1]))):
+            line = [m, f"{b} ({max(n for _, n in by.values())} cells)"]
+            for c in cands:
+                line += [f"{x:.2f}" for x in by[c][0]] if c in by else ["-"] * 3
+            out.append("| " + " | ".join(line) + " |")
     return "\n".join(out) + "\n"
