@@ -116,3 +116,56 @@ def test_far_behind_requests_still_size_the_groups():
     assert p.groups.short_share(0.0, 0.0, 0.0) < before
     p.choose(20, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight)
     assert p.groups.work[SHORT] == pytest.approx(0.2)
+
+
+def test_inflow_a_long_request_keeps_off_where_smaller_long_work_keeps_arriving():
+    """laps-inflow: long instance 2 has 8 s of long work pending and long instance 3 has 10 s,
+    but 2 s of smaller long work reached instance 2 in the last second (rho 0.4 over the 5 s
+    window): on a least-remaining-first pool that keeps overtaking a 10 s request, (8 + 10) /
+    0.6 = 30 s there against 20 s on instance 3. A request no larger than that work is not
+    overtaken by it, and once the window has passed, or with no seconds per unit, nothing is
+    counted."""
+    busy = [100.0, 100.0]  # the short group, out of the way
+    loads, short = busy + [8.0, 10.0], busy + [0.0, 0.0]
+    unit = [1.0] * 4
+
+    def policy(unit_s=unit) -> RoutingPolicy:
+        p = make("laps-inflow", n=4)
+        assert p.group == [SHORT, SHORT, LONG, LONG]
+        first = p.choose(200, [0] * 4, busy + [0.0, 50.0], 0.0, short_loads=short,
+                         unit_s=unit_s)
+        assert first.instance == 2 and not first.short
+        return p
+
+    assert make("laps-adaptive", n=4).choose(1000, [0] * 4, loads, 1.0,
+                                             short_loads=short).instance == 2
+    assert policy().choose(1000, [0] * 4, loads, 1.0, short_loads=short,
+                           unit_s=unit).instance == 3
+    assert policy().choose(150, [0] * 4, loads, 1.0, short_loads=short,
+                           unit_s=unit).instance == 2
+    assert policy().choose(1000, [0] * 4, loads, 6.0, short_loads=short,
+                           unit_s=unit).instance == 2
+    assert policy(None).choose(1000, [0] * 4, loads, 1.0, short_loads=short).instance == 2
+    # the network router's tokens: 2 s of work is 200 units at 10 ms a unit
+    p = make("laps-inflow", n=4)
+    p.cost = lambda new, cached, short_: float(new)
+    tokens = [10_000.0, 10_000.0]
+    p.choose(200, [0] * 4, tokens + [0.0, 5_000.0], 0.0, short_loads=tokens + [0.0, 0.0],
+             unit_s=[0.01] * 4)
+    assert p.choose(1000, [0] * 4, tokens + [800.0, 1000.0], 1.0,
+                    short_loads=tokens + [0.0, 0.0], unit_s=[0.01] * 4).instance == 3
+
+
+def test_inflow_stretch_is_capped_and_forgets():
+    from laps_jax.cluster.inflow import MAX_RHO, RecentLongWork, stretch
+    w = RecentLongWork(window_s=5.0)
+    w.record(0.0, 0, 2.0)
+    w.record(1.0, 0, 4.0)
+    w.record(1.0, 1, 1.0)
+    assert w.rho(0, 4.0, 1.0, 1.0) == pytest.approx(6.0 / 5.0)
+    assert w.rho(0, 3.0, 1.0, 1.0) == pytest.approx(2.0 / 5.0)   # only work no larger
+    assert w.rho(0, 4.0, 5.5, 1.0) == pytest.approx(4.0 / 5.0)   # the first has aged out
+    assert w.rho(1, 4.0, 1.0, 0.5) == pytest.approx(0.5 / 5.0)   # units of half a second
+    assert stretch(0.4) == pytest.approx(1 / 0.6)
+    assert stretch(6.0 / 5.0) == pytest.approx(1 / (1 - MAX_RHO))
+    assert stretch(-1.0) == 1.0

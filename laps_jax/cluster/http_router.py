@@ -75,7 +75,7 @@ INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
 HOLD_AGING_TOKENS_PER_S = 1000.0  # held requests: credit per second held (cluster/hold.py)
-GROUPED = ("length-aware", "laps", "laps-adaptive")  # policies with short and long groups
+GROUPED = ("length-aware", "laps", "laps-adaptive", "laps-inflow")  # with short and long groups
 
 
 class Estimate:
@@ -283,7 +283,8 @@ class HTTPRouter:
                                inflight=[len(i.inflight) for i in self.instances],
                                decode_step=decode,
                                chunk=[self.long_chunk(i) for i in self.instances],
-                               speed=self.speeds() if self.pace_weight else None)
+                               speed=self.speeds() if self.pace_weight else None,
+                               unit_s=self.seconds_per_token())
         return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
 
     def remember(self, inst: Instance, est: Estimate) -> None:
@@ -292,6 +293,16 @@ class HTTPRouter:
             inst.blocks.add(est.ids)
         elif est.text and inst.texts is not None:
             inst.texts.add_hashes(est.text)
+
+    def seconds_per_token(self) -> list[float] | None:
+        """Each instance's measured seconds per pending token (laps-inflow's unit; the mean of
+        the others' where one has none yet), None until some instance has a pace."""
+        paces = [i.pace.value if i.pace is not None else None for i in self.instances]
+        known = [v for v in paces if v is not None]
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        return [mean if v is None else v for v in paces]
 
     def speeds(self) -> list[float]:
         """How slow each instance runs now against the others, from its measured pace."""

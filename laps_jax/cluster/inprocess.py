@@ -101,7 +101,8 @@ class Router:
         c = self.policy.choose(len(prompt), cached_prefixes(prompt, self.d), loads,
                                self.clock.now(), short_loads=[self.load(i, True) for i in n],
                                inflight=[len(self.pending[i]) for i in n],
-                               long_items=[self.long_items(i) for i in n])
+                               long_items=[self.long_items(i) for i in n],
+                               unit_s=None if self.d[0].model is None else [1.0] * len(self.d))
         h = self.d[c.instance].submit(prompt, params, arrival_time, slo, request_id)
         self.pending[c.instance].append(
             (h.request, self.cost(c.new_tokens, c.cached_tokens, c.short), c.new_tokens,

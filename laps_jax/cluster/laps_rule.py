@@ -24,8 +24,11 @@ unless every one does):
                measures it: cluster/pace.py, on by default in router.py; else 1)
     key_i    = finish_i + harm x (cost(new_i, cached_i) - the least cost over the instances)
 
-and the request goes to the least `key_i`. The margin is `spill_s` (one full prefill step)
-for long work entering the short group — zero when that instance is idle, so an idle instance
+and the request goes to the least `key_i`. `laps-inflow` stretches a long request's
+`wait_i + cost` by 1 / (1 - rho_i), rho_i the share of i's time that the long work no larger
+than it, routed there in the last 5 s, takes (`inflow.py`): what arrives while it waits
+overtakes it. The margin is `spill_s` (one full prefill step) for long work entering the
+short group — zero when that instance is idle, so an idle instance
 of either group takes the other group's work — and `cross_s` for short work entering the long
 group. The last term charges history recomputed away from its holder as work taken from the
 other requests, as the delay a long request adds to larger queued ones is (`harm`): without
@@ -72,6 +75,7 @@ import math
 from collections.abc import Callable, Sequence as Seq
 
 from laps_jax.cluster.groups import Groups
+from laps_jax.cluster.inflow import stretch
 from laps_jax.scheduler.request import LONG, SHORT
 
 IDLE_S = 1e-9
@@ -95,6 +99,9 @@ class LapsInputs:
     chunk: Seq[float] | None = None  # per instance, its long chunk's work; None: `chunk_s`
     speed: Seq[float] | None = None  # per instance, how slow it runs now against the others
                                      # (1: as they do; cluster/pace.py); None: all alike
+    inflow: Callable[[int, float], float] | None = None  # (instance, work) -> the share of
+                                     # its time long work no larger lately takes (inflow.py);
+                                     # None: not counted
 
 
 @dataclasses.dataclass
@@ -169,6 +176,9 @@ def pick_laps(inp: LapsInputs, groups: Groups, now: float,
             wait, c_here = wait * inp.speed[i], c * inp.speed[i]
         else:
             c_here = c
+        if inp.inflow is not None and not short:  # smaller long work arriving overtakes it
+            f = stretch(inp.inflow(i, c))
+            wait, c_here = wait * f, c_here * f
         recompute = harm * (c - least) * (BUSY_RECOMPUTE if all_queue else 1.0)
         key = (wait + c_here + margin + recompute, tie(i))
         if best is None or key < best[0]:

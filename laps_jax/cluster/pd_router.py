@@ -16,12 +16,12 @@ decode side the offer is still there). Every leg and release carries the split's
 
 The prefill instance's answer is input from another process: it becomes the decode leg's
 header, so it is read up to `MAX_HANDOFF` bytes (the decode side's own cap,
-`handoff_check.MAX_HEADER`, under aiohttp's 8,190 per header field) and must be a JSON object whose `handoff` is null or carries an integer `uuid`.
-Anything else ends that request alone with a 502 naming the instance, before a decode instance
-is asked for anything. Its error answers pass through when they are JSON errors; other
-bodies read as the same 502. The decode side checks every field again
-(`server/handoff_check.py`); its 400 `invalid_handoff` also reaches the client as that 502,
-since the client sent nothing wrong.
+`handoff_check.MAX_HEADER`, under aiohttp's 8,190 per header field) and must be a JSON
+object whose `handoff` is null or carries an integer `uuid`. Anything else ends that request
+alone with a 502 naming the instance, before a decode instance is asked for anything. Its
+error answers pass through when they are JSON errors; other bodies read as the same 502. The
+decode side checks every field again (`server/handoff_check.py`); its 400 `invalid_handoff`
+also reaches the client as that 502, since the client sent nothing wrong.
 
 Prefill instances are picked by least load (pending prefill tokens, as the router polls them);
 decode instances by the longest cached prefix of the prompt (a follow-up turn goes where its

@@ -10,6 +10,10 @@
   weighs double once every instance queues; once every instance is three chunks behind, the
   gateway's cache-aware rule by requests in flight; a one-chunk long request waits for the
   chunk in progress).
+- `laps-inflow`: laps-adaptive without the gateway's rule deep in the queue; instead a long
+  request's predicted finish counts the smaller long work that will arrive and overtake it
+  (`inflow.py`). Needs the load in seconds or each instance's seconds per unit (`unit_s`);
+  without them it is laps-adaptive's other two parts.
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).
@@ -43,12 +47,13 @@ from collections.abc import Callable, Sequence as Seq
 from laps_jax.cluster.bucket import Buckets, BucketSettings
 from laps_jax.cluster.cache_aware import CacheAwareSettings, pick_cache_aware
 from laps_jax.cluster.groups import Groups, GroupSettings
+from laps_jax.cluster.inflow import RecentLongWork
 from laps_jax.cluster.laps_rule import LapsInputs, every_instance_behind, pick_laps
 from laps_jax.scheduler.request import LONG, SHORT
 
 POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix", "bucket",
-            "laps-adaptive")
-LAPS = ("laps", "laps-adaptive")
+            "laps-adaptive", "laps-inflow")
+LAPS = ("laps", "laps-adaptive", "laps-inflow")
 
 
 @dataclasses.dataclass
@@ -114,6 +119,7 @@ class RoutingPolicy:
         self.chunk_s = full_step_s / 4 if chunk_s is None else chunk_s
         self.cost = cost or (lambda new, cached, short: float(new))
         self.buckets = Buckets(n, config.bucket)
+        self.recent_long = RecentLongWork()  # laps-inflow: the long work routed lately
         self._rr = 0
         self._last_rebalance: float | None = None
 
@@ -127,7 +133,8 @@ class RoutingPolicy:
                long_items: Seq[Seq[float]] | None = None,
                decode_step: Seq[float] | None = None,
                chunk: Seq[float] | None = None,
-               speed: Seq[float] | None = None) -> Choice:
+               speed: Seq[float] | None = None,
+               unit_s: Seq[float] | None = None) -> Choice:
         """The instance for a prompt of `prompt_len` tokens, given each instance's cached
         prefix of it and its pending prefill work. `eligible` (default: all) leaves out the
         instances that cannot take work now (a network router's unhealthy or full ones); with
@@ -137,7 +144,9 @@ class RoutingPolicy:
         requests' remaining work (laps; default: only their sum is known); `decode_step`: one
         decode step's work on each instance, 0 where nothing decodes (laps; default: unknown);
         `chunk`: each instance's own long chunk (laps; default: `chunk_s` for all); `speed`:
-        how slow each instance runs now against the others (laps; default: alike)."""
+        how slow each instance runs now against the others (laps; default: alike);
+        `unit_s`: seconds per load unit on each instance (laps-inflow; default: unknown, and
+        laps-inflow counts no inflow)."""
         if eligible is not None and not any(eligible):
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
@@ -148,7 +157,7 @@ class RoutingPolicy:
             i = self._pick_far_behind(prompt_len, cached, inflight, ok, now)
         elif p in LAPS and self.n > 1:
             i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
-                                decode_step, chunk, speed)
+                                decode_step, chunk, speed, unit_s)
         elif p == "prefix":
             i = self._pick_cache_aware(prompt_len, cached, inflight or [0] * self.n, ok)
         elif p == "bucket":
@@ -215,14 +224,22 @@ class RoutingPolicy:
                    long_items: Seq[Seq[float]] | None = None,
                    decode_step: Seq[float] | None = None,
                    chunk: Seq[float] | None = None,
-                   speed: Seq[float] | None = None) -> int:
+                   speed: Seq[float] | None = None,
+                   unit_s: Seq[float] | None = None) -> int:
         before = len(self.groups.moves)
+        p = self.config.policy
+        inflow = None
+        if p == "laps-inflow" and unit_s is not None:
+            inflow = lambda k, work: self.recent_long.rho(k, work, now, unit_s[k])
         inp = LapsInputs(prompt_len, cached, loads,
                          [0.0] * self.n if short_loads is None else short_loads,
-                         [ok(k) for k in range(self.n)], long_items, decode_step, chunk, speed)
+                         [ok(k) for k in range(self.n)], long_items, decode_step, chunk, speed,
+                         inflow)
         d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
                       self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
-                      self.config.harm, adaptive=self.config.policy == "laps-adaptive")
+                      self.config.harm, adaptive=p != "laps")
+        if p == "laps-inflow" and not d.short:
+            self.recent_long.record(now, d.instance, d.cost)
         self._rr = (d.instance + 1) % self.n
         for _ in self.groups.moves[before:]:
             self.stats.moves += 1

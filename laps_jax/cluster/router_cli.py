@@ -18,7 +18,8 @@ from laps_jax.server import pd_secret
 
 POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
                 "round-robin": "round-robin", "least-load": "least-load",
-                "laps-adaptive": "laps-adaptive", "bucket": "bucket"}
+                "laps-adaptive": "laps-adaptive", "laps-inflow": "laps-inflow",
+                "bucket": "bucket"}
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
@@ -51,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="laps-adaptive (default): laps, and once every instance is three "
                          "long chunks behind, the fewest requests in flight (or the holder of "
                          "most of the prompt); the better worst case of the two on the "
-                         "simulated trace family (docs/SIMULATION.md). laps: the instance "
+                         "simulated trace family (docs/SIMULATION.md). laps-inflow "
+                         "(experimental, not yet confirmed live): laps-adaptive without that "
+                         "switch; a long request's predicted finish is stretched by the "
+                         "smaller long work the router sent the instance in the last 5 s, "
+                         "which overtakes it there (needs the measured pace). laps: the instance "
                          "where the request's prefill is predicted to finish first (the "
                          "history holder counts only the new tokens), with short and long "
                          "groups (new tokens after the cached prefix at or under the "

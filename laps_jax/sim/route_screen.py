@@ -28,8 +28,9 @@ from collections.abc import Callable
 from laps_jax.sim.load_bands import GROUPS, group_of as band_of
 from laps_jax.sim.sweep import Point, run_point
 
-POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive")
-CANDIDATES = ("laps", "laps-adaptive")
+POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive",
+            "laps-inflow")
+CANDIDATES = ("laps", "laps-adaptive", "laps-inflow")
 BANDS = tuple(name for name, _, _ in GROUPS)
 TAILS = ("ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean")
 FEW = 5  # under this many misses on both sides a ratio decides nothing (shown, not judged)
