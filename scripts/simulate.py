@@ -136,8 +136,7 @@ def parse(argv):
     rs.add_argument("--loads", type=cli.csv(float), default=[0.5, 0.7, 0.9],
                     help="offered loads, new tokens / physical limit (0.5,0.7,0.9)")
     rs.add_argument("--policies", type=cli.csv(str), default=list(route_screen.POLICIES),
-                    help="router policies (round-robin,least-load,prefix,bucket,laps,"
-                         "laps-adaptive)")
+                    help=f"router policies ({','.join(route_screen.POLICIES)})")
     rs.add_argument("--requests", type=int, default=100, help="requests per instance (100)")
     rs.add_argument("--output-dir", required=True,
                     help="rows.jsonl (as it runs), route_screen.json and .md go here")
