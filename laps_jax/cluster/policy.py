@@ -10,7 +10,7 @@
   weighs double once every instance queues; once every instance is three chunks behind, the
   gateway's cache-aware rule by requests in flight; a one-chunk long request waits for the
   chunk in progress).
-- `laps-inflow` (the network router's default): laps-adaptive without the gateway's rule
+- `laps-inflow`: laps-adaptive without the gateway's rule
   deep in the queue; instead a long request's predicted finish counts the smaller long work
   that will arrive and overtake it (`inflow.py`). Needs the load in seconds or each
   instance's seconds per unit (`unit_s`); without them it is laps-adaptive's other two parts.
