@@ -58,7 +58,7 @@ from laps_jax.cluster.failover import route
 from laps_jax.cluster.hold import HoldQueue
 from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
-from laps_jax.cluster.policy import RouterConfig, RoutingPolicy
+from laps_jax.cluster.policy import LAPS, RouterConfig, RoutingPolicy
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, text_hashes
 from laps_jax.server import loop_lag
@@ -75,7 +75,7 @@ INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
 HOLD_AGING_TOKENS_PER_S = 1000.0  # held requests: credit per second held (cluster/hold.py)
-GROUPED = ("length-aware", "laps", "laps-adaptive", "laps-inflow")  # with short and long groups
+GROUPED = ("length-aware", *LAPS)  # policies with short and long groups
 
 
 class Estimate:

@@ -28,13 +28,13 @@ and the request goes to the least `key_i`. `laps-inflow` stretches a long reques
 `wait_i + cost` by 1 / (1 - rho_i), rho_i the share of i's time that the long work no larger
 than it, routed there in the last 5 s, takes (`inflow.py`): what arrives while it waits
 overtakes it. The margin is `spill_s` (one full prefill step) for long work entering the
-short group — zero when that instance is idle, so an idle instance
-of either group takes the other group's work — and `cross_s` for short work entering the long
-group. The last term charges history recomputed away from its holder as work taken from the
-other requests, as the delay a long request adds to larger queued ones is (`harm`): without
-it laps recomputed 1-5% more LMSYS tokens than least-load, and with it the simulated H200
-study misses fewer SLOs in 7 of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has
-no shared prefixes and does not change). The groups follow the compute (`groups.Groups`).
+short group — zero when that instance is idle, so an idle instance of either group takes the
+other group's work — and `cross_s` for short work entering the long group. The last term
+charges history recomputed away from its holder as work taken from the other requests, as the
+delay a long request adds to larger queued ones is (`harm`): without it laps recomputed 1-5%
+more LMSYS tokens than least-load, and with it the simulated H200 study misses fewer SLOs in 7
+of its 18 cells and more in 1 (docs/SIMULATION.md; Azure has no shared prefixes and does not
+change). The groups follow the compute (`groups.Groups`).
 
 `adaptive` (policy `laps-adaptive`) changes three things, from the same numbers, for traffic
 where every instance queues:

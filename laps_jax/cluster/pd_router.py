@@ -44,9 +44,8 @@ from laps_jax.cluster.proxy import (Gone, InstanceDown, TooLong, gone_error, rac
                                     read_at_most, relay)
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import pd_secret
-from laps_jax.server.handoff_check import HEADER as HANDOFF_HEADER
+from laps_jax.server.handoff_check import HANDOFF_HEADER, PD_HEADER, RELEASE_HEADER
 from laps_jax.server.handoff_check import MAX_HEADER as MAX_HANDOFF
-from laps_jax.server.handoff_check import PD_HEADER, RELEASE_HEADER
 from laps_jax.server.protocol import APIError
 
 log = logging.getLogger("laps_jax.router")

@@ -18,7 +18,7 @@ from laps_jax.server.protocol import APIError
 
 # The split's wire names, one copy for both sides and the router (cluster/pd_router.py)
 PD_HEADER = "X-Laps-PD"                # "prefill" or "decode": which leg (pd.py)
-HEADER = "X-Laps-PD-Handoff"
+HANDOFF_HEADER = "X-Laps-PD-Handoff"
 RELEASE_HEADER = "X-Laps-PD-Release"   # the prefill instance's base URL (the router's word)
 MAX_HEADER = 8000  # bytes of a descriptor: a genuine one is a few hundred, ~1,500 with 20 top
                    # logprobs; under aiohttp's 8,190 per header field, so the router's cap on
@@ -35,7 +35,7 @@ class Handoff:
 
 
 def _bad(why: str) -> APIError:
-    return APIError(f"bad {HEADER} header: {why}", code="invalid_handoff")
+    return APIError(f"bad {HANDOFF_HEADER} header: {why}", code="invalid_handoff")
 
 
 def _token(x, vocab_size: int, what: str) -> int:
@@ -110,4 +110,4 @@ def check_offer(offer, engine) -> None:
                    f"and --max-model-len")
 
 
-__all__ = ["HEADER", "Handoff", "check_offer", "read_handoff"]
+__all__ = ["HANDOFF_HEADER", "Handoff", "check_offer", "read_handoff"]

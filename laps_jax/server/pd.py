@@ -37,9 +37,8 @@ from prometheus_client.core import GaugeMetricFamily
 from laps_jax.scheduler.pd import NoRoom, Offers, PDConfig
 from laps_jax.scheduler.pd_adopt import Adopter
 from laps_jax.server import pd_secret
-from laps_jax.server.handoff_check import HEADER as HANDOFF_HEADER
-from laps_jax.server.handoff_check import (PD_HEADER, RELEASE_HEADER, Handoff, check_offer,
-                                           read_handoff)
+from laps_jax.server.handoff_check import (HANDOFF_HEADER, PD_HEADER, RELEASE_HEADER, Handoff,
+                                           check_offer, read_handoff)
 from laps_jax.server.openai_api import answer
 from laps_jax.server.protocol import APIError, GenerationRequest
 from laps_jax.server.state import ServerState, check_room, decode_json, submit
