@@ -363,7 +363,7 @@ def test_the_cli_answers_503_while_no_instance_is_up_and_stops_on_sigterm():
         assert headers["Retry-After"] == "1"
         with urllib.request.urlopen(url + "/router/status", timeout=5) as r:
             st = json.loads(r.read())
-        assert st["policy"] == "laps-adaptive" and st["instances"][0]["state"] == "down"
+        assert st["policy"] == "laps-inflow" and st["instances"][0]["state"] == "down"
         assert st["instances"][0]["group"] == "short"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -459,11 +459,13 @@ def test_without_a_tokenizer_a_conversation_follows_its_text():
             assert r.instances[0].texts is not None and len(r.instances[0].texts) == 0
 
 
-def test_router_py_prices_inflow_in_seconds_from_the_measured_pace():
-    """router.py gets each instance's seconds per token from its pace (the mean of the others'
-    for one not yet measured; none before any is), so laps-inflow can turn the tokens it routed
-    into a share of an instance's time."""
-    r = cli_router("--policy", "laps-inflow", n=3)
+def test_router_py_default_prices_inflow_in_seconds_from_the_measured_pace():
+    """router.py's default policy gets each instance's seconds per token from its pace (the
+    mean of the others' for one not yet measured; none before any is), so laps-inflow can turn
+    the tokens it routed into a share of an instance's time."""
+    from laps_jax.cluster.router_cli import build_parser
+    assert build_parser().parse_args([]).policy == "laps-inflow"
+    r = cli_router(n=3)
     assert r.config.policy == "laps-inflow"
     assert r.seconds_per_token() is None
     r.instances[0].pace.observe(1.0, 0, 1000 - 64, now=1.0)  # 1 ms a token

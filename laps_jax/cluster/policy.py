@@ -2,7 +2,7 @@
 
 - `round-robin`: plain data parallelism.
 - `least-load`: the instance with the least pending prefill work.
-- `laps` (default): the instance where the request is predicted to finish its prefill first,
+- `laps`: the instance where the request is predicted to finish its prefill first,
   with short and long groups sized by their share of the compute, an idle instance taking the
   other group's work, and moves with hysteresis, dwell and draining (`laps_rule.py`,
   `groups.py`).
@@ -10,10 +10,10 @@
   weighs double once every instance queues; once every instance is three chunks behind, the
   gateway's cache-aware rule by requests in flight; a one-chunk long request waits for the
   chunk in progress).
-- `laps-inflow`: laps-adaptive without the gateway's rule deep in the queue; instead a long
-  request's predicted finish counts the smaller long work that will arrive and overtake it
-  (`inflow.py`). Needs the load in seconds or each instance's seconds per unit (`unit_s`);
-  without them it is laps-adaptive's other two parts.
+- `laps-inflow` (router.py's default): laps-adaptive without the gateway's rule deep in
+  the queue; instead a long request's predicted finish counts the smaller long work that will
+  arrive and overtake it (`inflow.py`). Needs the load in seconds or each instance's seconds
+  per unit (`unit_s`); without them it is laps-adaptive's other two parts.
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).

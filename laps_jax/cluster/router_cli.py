@@ -48,15 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "the split's instances share (it opens their legs); else the "
                          "LAPS_PD_SECRET environment variable, else --instance-api-key; with "
                          "none of them the router refuses to start")
-    ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps-adaptive",
-                    help="laps-adaptive (default): laps, and once every instance is three "
-                         "long chunks behind, the fewest requests in flight (or the holder of "
-                         "most of the prompt). laps-inflow: laps-adaptive without that switch; "
-                         "a long request's predicted finish on an instance is stretched by "
-                         "the smaller long work the router sent there in the last 5 s, which "
-                         "overtakes it (in seconds by the measured pace): the better on the "
-                         "simulated trace family and on overloaded long-prompt code live, "
-                         "worse live on agent loops (docs/BENCHMARKS.md). laps: the instance "
+    ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps-inflow",
+                    help="laps-inflow (default): laps, with a long request's predicted finish "
+                         "on an instance stretched by the smaller long work the router sent "
+                         "there in the last 5 s, which overtakes it (in seconds by the "
+                         "measured pace); the best worst case on the simulated trace family "
+                         "(docs/SIMULATION.md). laps-adaptive: laps, and once every instance "
+                         "is three long chunks behind, the fewest requests in flight (or the "
+                         "holder of most of the prompt). laps: the instance "
                          "where the request's prefill is predicted to finish first (the "
                          "history holder counts only the new tokens), with short and long "
                          "groups (new tokens after the cached prefix at or under the "
