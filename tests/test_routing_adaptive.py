@@ -93,6 +93,22 @@ def test_every_instance_far_behind_goes_by_requests_in_flight():
                                         short_loads=short).instance == 0
 
 
+def test_inflow_without_a_unit_falls_back_to_requests_in_flight_far_behind():
+    # the same far-behind load: laps-inflow with each instance's seconds per unit prices the
+    # inflow (none routed yet: the predicted finish, instance 0); without a unit (a network
+    # router before any streamed request measured a pace) it cannot, and decides as
+    # laps-adaptive: where the fewest requests wait
+    loads, short, inflight = [1.0, 3.0, 4.0], [0.0] * 3, [9, 5, 2]
+    priced = make("laps-inflow")
+    assert priced.choose(300, [0] * 3, loads, 0.0, short_loads=short, inflight=inflight,
+                         unit_s=[1.0] * 3).instance == 0
+    assert priced.stats.behind == 0
+    blind = make("laps-inflow")
+    assert blind.choose(300, [0] * 3, loads, 0.0, short_loads=short,
+                        inflight=inflight).instance == 2
+    assert blind.stats.behind == 1
+
+
 def test_far_behind_uses_each_instances_own_chunk():
     # instance 1 reports a 2 s chunk: 4 s pending is only 2 of its chunks, so not every
     # instance is behind and the predicted finish decides

@@ -13,7 +13,8 @@
 - `laps-inflow` (router.py's default): laps-adaptive without the gateway's rule deep in
   the queue; instead a long request's predicted finish counts the smaller long work that will
   arrive and overtake it (`inflow.py`). Needs the load in seconds or each instance's seconds
-  per unit (`unit_s`); without them it is laps-adaptive's other two parts.
+  per unit (`unit_s`); without them (a network router before any streamed request has
+  measured a pace) it cannot price the inflow and is laps-adaptive, switch included.
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).
@@ -146,12 +147,13 @@ class RoutingPolicy:
         `chunk`: each instance's own long chunk (laps; default: `chunk_s` for all); `speed`:
         how slow each instance runs now against the others (laps; default: alike);
         `unit_s`: seconds per load unit on each instance (laps-inflow; default: unknown, and
-        laps-inflow counts no inflow)."""
+        laps-inflow decides as laps-adaptive)."""
         if eligible is not None and not any(eligible):
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
         p = self.config.policy
-        if p == "laps-adaptive" and self.n > 1 and inflight is not None and \
+        switch = p == "laps-adaptive" or (p == "laps-inflow" and unit_s is None)
+        if switch and self.n > 1 and inflight is not None and \
                 every_instance_behind(loads, chunk or [self.chunk_s] * self.n,
                                       [ok(k) for k in range(self.n)]):
             i = self._pick_far_behind(prompt_len, cached, inflight, ok, now)
