@@ -92,9 +92,9 @@ class FakeInstance:
         return resp
 
 
-def run_router(fakes_or_urls, test, monkeypatch):
-    """`test(session, router url, router)` against a round-robin router over the fakes
-    (started here) or plain URLs, each instance taken as healthy (no polls)."""
+def run_router(fakes_or_urls, test, monkeypatch, config: RouterConfig | None = None):
+    """`test(session, router url, router)` against a router (round-robin unless `config`)
+    over the fakes (started here) or plain URLs, each instance taken as healthy (no polls)."""
     async def no_polls(*a, **k):
         await asyncio.Event().wait()
     monkeypatch.setattr(http_router, "poll_forever", no_polls)
@@ -107,7 +107,7 @@ def run_router(fakes_or_urls, test, monkeypatch):
             else:
                 await f.server.start_server()
                 urls.append(str(f.server.make_url("")).rstrip("/"))
-        router = HTTPRouter(urls, RouterConfig(policy="round-robin"))
+        router = HTTPRouter(urls, config or RouterConfig(policy="round-robin"))
         for inst in router.instances:
             inst.mark_ok(IDLE, 0.0)
         front = TestServer(create_router_app(router), host="127.0.0.1")
@@ -165,6 +165,36 @@ def test_a_request_that_got_no_byte_goes_to_the_other_instance(monkeypatch, capl
     said = [r.getMessage() for r in caplog.records if "request sent again" in r.getMessage()]
     assert len(said) == (1 if failure == "refused" else 2)
     assert len(good.bodies) == 2
+
+
+@pytest.mark.parametrize("failure", ["refused", "reset", "cut"])
+def test_laps_inflow_counts_a_long_request_sent_on_only_where_it_went(monkeypatch, failure):
+    """laps-inflow prices the long work it sent each instance lately; a long request whose
+    first instance failed (before any byte, or mid-stream and resumed) counts on the instance
+    that took it over, not on the failed one too (which would push later long requests off
+    it once it is back)."""
+    from laps_jax.workload.http_compare import free_port
+    good = FakeInstance()
+    bad = {"refused": lambda: f"http://127.0.0.1:{free_port()}",
+           "reset": lambda: FakeInstance("reset"), "cut": lambda: FakeInstance(cut_at=2)}[failure]()
+
+    async def test(s, url, router):
+        router.policy._rr = 0  # the tie goes to the failing instance first
+        body = {"prompt": list(range(40)), "max_tokens": 4, "stream": failure == "cut"}
+        if failure == "cut":
+            events = await read_sse(s, url, body)
+            assert events[-1] == "[DONE]"
+        else:
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+        text = await (await s.get(url + "/metrics")).text()
+        again = "resumes" if failure == "cut" else "retries"
+        assert metric(text, f"laps_router_{again}_total") >= 1
+        counted = [(k, work) for _, k, work in router.policy.recent_long.items]
+        assert counted == [(1, 40.0)]
+    run_router([bad, good], test, monkeypatch,
+               RouterConfig(policy="laps-inflow", threshold=8))
+    assert len(good.bodies) == 1
 
 
 def test_an_endless_answer_is_cut_off_and_sent_to_the_other_instance(monkeypatch):

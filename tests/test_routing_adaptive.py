@@ -172,6 +172,30 @@ def test_inflow_a_long_request_keeps_off_where_smaller_long_work_keeps_arriving(
                     short_loads=tokens + [0.0, 0.0], unit_s=[0.01] * 4).instance == 3
 
 
+def test_inflow_uncounts_long_work_that_left_its_failed_instance():
+    """A long request sent to instance 2 whose instance then failed (the router sent it on
+    elsewhere) is no inflow there: withdrawn, the next long request is priced as if it had
+    never been routed (instance 2, as with nothing routed), not stretched off (instance 3)."""
+    busy = [100.0, 100.0]
+    loads, short = busy + [8.0, 10.0], busy + [0.0, 0.0]
+    unit = [1.0] * 4
+    for withdrawn, want in ((False, 3), (True, 2)):
+        p = make("laps-inflow", n=4)
+        first = p.choose(200, [0] * 4, busy + [0.0, 50.0], 0.0, short_loads=short,
+                         unit_s=unit)
+        assert first.instance == 2 and first.long_record is not None
+        if withdrawn:
+            p.withdraw(first)
+            p.withdraw(first)  # twice (or after it aged out): nothing more happens
+        assert p.choose(1000, [0] * 4, loads, 1.0, short_loads=short,
+                        unit_s=unit).instance == want
+    # a short request is no long work: nothing to withdraw
+    p = make("laps-inflow", n=4)
+    q = p.choose(50, [0] * 4, [0.0] * 4, 0.0, short_loads=[0.0] * 4, unit_s=unit)
+    assert q.short and q.long_record is None
+    p.withdraw(q)
+
+
 def test_inflow_stretch_is_capped_and_forgets():
     from laps_jax.cluster.inflow import MAX_RHO, RecentLongWork, stretch
     w = RecentLongWork(window_s=5.0)

@@ -57,7 +57,8 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
             raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
     while True:
         try:
-            k, new, short = router.pick(est, tried | router.held_back())
+            choice = router.choose(est, tried | router.held_back())
+            k, new, short = router.placed(est, choice)
             inst = router.instances[k]
             inst.routed += 1
             t0, ahead = time.monotonic(), inst.load.load
@@ -89,6 +90,7 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
             if e.refused:
                 inst.mark_down(e.why)
             tried.add(k)
+            router.policy.withdraw(choice)  # it goes elsewhere
             metrics.retries.inc()
             log.warning("request sent again: %s failed before any byte reached the client "
                         "(%s)", inst.url, e.why)
@@ -98,6 +100,7 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
                 return await passage.close()
             if not passage.marked:  # no token ids: it cannot be resumed
                 return await passage.fail(gone_error(inst, e.why))
+            router.policy.withdraw(choice)  # it goes on elsewhere
             metrics.resumes.inc()
             log.warning("stream %s resumed: %s failed after %d tokens (%s)", passage.id,
                         inst.url, len(passage.ids), e.why)

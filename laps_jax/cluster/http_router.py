@@ -58,7 +58,7 @@ from laps_jax.cluster.failover import route
 from laps_jax.cluster.hold import HoldQueue
 from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
-from laps_jax.cluster.policy import LAPS, RouterConfig, RoutingPolicy
+from laps_jax.cluster.policy import LAPS, Choice, RouterConfig, RoutingPolicy
 from laps_jax.cluster.router_metrics import RouterMetrics
 from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, text_hashes
 from laps_jax.server import loop_lag
@@ -255,6 +255,16 @@ class HTTPRouter:
 
     def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int, bool]:
         """(instance, new tokens there, short) for a request, or a 503 when none can take it."""
+        return self.placed(est, self.choose(est, exclude))
+
+    @staticmethod
+    def placed(est: Estimate, c: Choice) -> tuple[int, int, bool]:
+        """(instance, new tokens there, short) of a choice."""
+        return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
+
+    def choose(self, est: Estimate, exclude: set[int]) -> Choice:
+        """The policy's choice for a request (`pick`'s, with what `policy.withdraw` needs when
+        the request fails there), or a 503 when no instance can take it."""
         eligible = [self.available(k) and k not in exclude for k in range(len(self.instances))]
         if not any(eligible):
             up = sum(i.healthy for i in self.instances)
@@ -278,14 +288,14 @@ class HTTPRouter:
         per_seq = self.decode_seq_tokens
         decode = ([(step if i.decoding else 0.0) + per_seq * i.decoding
                    for i in self.instances] if step or per_seq else None)
-        c = self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(), eligible,
-                               short_loads=[i.load.short_load for i in self.instances],
-                               inflight=[len(i.inflight) for i in self.instances],
-                               decode_step=decode,
-                               chunk=[self.long_chunk(i) for i in self.instances],
-                               speed=self.speeds() if self.pace_weight else None,
-                               unit_s=self.seconds_per_token())
-        return c.instance, max(est.tokens - c.cached_tokens, 0), c.short
+        return self.policy.choose(max(est.tokens, 1), cached, loads, time.monotonic(),
+                                  eligible,
+                                  short_loads=[i.load.short_load for i in self.instances],
+                                  inflight=[len(i.inflight) for i in self.instances],
+                                  decode_step=decode,
+                                  chunk=[self.long_chunk(i) for i in self.instances],
+                                  speed=self.speeds() if self.pace_weight else None,
+                                  unit_s=self.seconds_per_token())
 
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""

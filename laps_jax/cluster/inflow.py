@@ -31,9 +31,20 @@ class RecentLongWork:
     window_s: float = WINDOW_S
     items: collections.deque = dataclasses.field(default_factory=collections.deque)
 
-    def record(self, now: float, instance: int, work: float) -> None:
-        self.items.append((now, instance, work))
+    def record(self, now: float, instance: int, work: float) -> tuple:
+        """Counts `work` sent to `instance` now; returns the record, for `withdraw`."""
+        item = (now, instance, work)
+        self.items.append(item)
         self._forget(now)
+        return item
+
+    def withdraw(self, item: tuple) -> None:
+        """Uncounts a record whose request left that instance for another (the instance
+        failed); one already forgotten is left alone."""
+        try:
+            self.items.remove(item)
+        except ValueError:
+            pass
 
     def _forget(self, now: float) -> None:
         while self.items and self.items[0][0] < now - self.window_s:

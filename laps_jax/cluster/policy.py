@@ -49,7 +49,8 @@ from laps_jax.cluster.bucket import Buckets, BucketSettings
 from laps_jax.cluster.cache_aware import CacheAwareSettings, pick_cache_aware
 from laps_jax.cluster.groups import Groups, GroupSettings
 from laps_jax.cluster.inflow import RecentLongWork
-from laps_jax.cluster.laps_rule import LapsInputs, every_instance_behind, pick_laps
+from laps_jax.cluster.laps_rule import (LapsDecision, LapsInputs, every_instance_behind,
+                                        pick_laps)
 from laps_jax.scheduler.request import LONG, SHORT
 
 POLICIES = ("round-robin", "least-load", "length-aware", "laps", "prefix", "bucket",
@@ -96,6 +97,7 @@ class Choice:
     new_tokens: int
     cached_tokens: int
     short: bool
+    long_record: tuple | None = None  # laps-inflow: its count in the recent long work
 
 
 class RoutingPolicy:
@@ -152,14 +154,19 @@ class RoutingPolicy:
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
         p = self.config.policy
-        switch = p == "laps-adaptive" or (p == "laps-inflow" and unit_s is None)
+        prices_inflow = p == "laps-inflow" and unit_s is not None
+        switch = p == "laps-adaptive" or (p == "laps-inflow" and not prices_inflow)
+        short = record = None
         if switch and self.n > 1 and inflight is not None and \
                 every_instance_behind(loads, chunk or [self.chunk_s] * self.n,
                                       [ok(k) for k in range(self.n)]):
-            i = self._pick_far_behind(prompt_len, cached, inflight, ok, now)
+            i, short = self._pick_far_behind(prompt_len, cached, inflight, ok, now)
         elif p in LAPS and self.n > 1:
-            i = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
-                                decode_step, chunk, speed, unit_s)
+            d = self._pick_laps(prompt_len, cached, loads, now, ok, short_loads, long_items,
+                                decode_step, chunk, speed, unit_s if prices_inflow else None)
+            i, short = d.instance, d.short
+            if p == "laps-inflow" and not d.short:
+                record = self.recent_long.record(now, d.instance, d.cost)
         elif p == "prefix":
             i = self._pick_cache_aware(prompt_len, cached, inflight or [0] * self.n, ok)
         elif p == "bucket":
@@ -170,18 +177,28 @@ class RoutingPolicy:
             i = self._pick(prompt_len, cached, loads, now, ok)
         self.stats.routed[i] += 1
         new = prompt_len - cached[i]
-        return Choice(i, new, cached[i], self.is_short(new, cached[i]))
+        if short is None:
+            short = self.is_short(new, cached[i])
+        return Choice(i, new, cached[i], short, record)
+
+    def withdraw(self, choice: Choice) -> None:
+        """The request of `choice` left its instance for another (the instance failed before
+        its answer ended): laps-inflow stops counting it as long work sent there, which no
+        request on that instance will wait behind."""
+        if choice.long_record is not None:
+            self.recent_long.withdraw(choice.long_record)
 
     def _pick_far_behind(self, prompt_len: int, cached: Seq[int], inflight: Seq[int],
-                         ok: Callable[[int], bool], now: float) -> int:
+                         ok: Callable[[int], bool], now: float) -> tuple[int, bool]:
         """laps-adaptive with every instance far behind: the gateway's rule places the request,
-        and the groups still count its work, as `pick_laps` counts its own choices."""
+        and the groups still count its work, as `pick_laps` counts its own choices.
+        (instance, short)"""
         i = self._pick_cache_aware(prompt_len, cached, inflight, ok)
         self.stats.behind += 1
         new = max(prompt_len - cached[i], 1)
         short = self.is_short(new, cached[i])
         self.groups.observe(SHORT if short else LONG, self.cost(new, cached[i], short), now)
-        return i
+        return i, short
 
     def _pick_cache_aware(self, prompt_len: int, cached: Seq[int], inflight: Seq[int],
                           ok: Callable[[int], bool]) -> int:
@@ -227,11 +244,12 @@ class RoutingPolicy:
                    decode_step: Seq[float] | None = None,
                    chunk: Seq[float] | None = None,
                    speed: Seq[float] | None = None,
-                   unit_s: Seq[float] | None = None) -> int:
+                   unit_s: Seq[float] | None = None) -> LapsDecision:
+        """laps and its variants; `unit_s` given: laps-inflow, pricing the inflow."""
         before = len(self.groups.moves)
         p = self.config.policy
         inflow = None
-        if p == "laps-inflow" and unit_s is not None:
+        if unit_s is not None:
             inflow = lambda k, work: self.recent_long.rho(k, work, now, unit_s[k])
         inp = LapsInputs(prompt_len, cached, loads,
                          [0.0] * self.n if short_loads is None else short_loads,
@@ -240,14 +258,12 @@ class RoutingPolicy:
         d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
                       self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
                       self.config.harm, adaptive=p != "laps")
-        if p == "laps-inflow" and not d.short:
-            self.recent_long.record(now, d.instance, d.cost)
         self._rr = (d.instance + 1) % self.n
         for _ in self.groups.moves[before:]:
             self.stats.moves += 1
             self.stats.groups.append((now, *self.group_sizes()))
         self.stats.spilled += d.cross
-        return d.instance
+        return d
 
     def draining(self) -> list[bool]:
         """laps: the instances finishing their old kind of work after a move."""

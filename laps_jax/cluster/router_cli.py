@@ -14,12 +14,9 @@ import sys
 from aiohttp import web
 
 from laps_jax.cluster.pace import FORGET_S, PACE_WEIGHT
+from laps_jax.cluster.policy import POLICIES, RouterConfig
 from laps_jax.server import pd_secret
 
-POLICY_NAMES = {"laps": "laps", "length-aware": "length-aware", "prefix": "prefix",
-                "round-robin": "round-robin", "least-load": "least-load",
-                "laps-adaptive": "laps-adaptive", "laps-inflow": "laps-inflow",
-                "bucket": "bucket"}
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
@@ -48,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "the split's instances share (it opens their legs); else the "
                          "LAPS_PD_SECRET environment variable, else --instance-api-key; with "
                          "none of them the router refuses to start")
-    ap.add_argument("--policy", choices=sorted(POLICY_NAMES), default="laps-inflow",
+    ap.add_argument("--policy", choices=sorted(POLICIES), default="laps-inflow",
                     help="laps-inflow (default): laps, with a long request's predicted finish "
                          "on an instance stretched by the smaller long work the router sent "
                          "there in the last 5 s, which overtakes it (in seconds by the "
@@ -147,7 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_router(args):
     from laps_jax.cluster.http_router import HTTPRouter
-    from laps_jax.cluster.policy import RouterConfig
     tokenizer = None
     if args.tokenizer:
         from laps_jax.config import model_dir
@@ -174,7 +170,7 @@ def make_router(args):
     secret = None
     if args.prefill:  # refused now, before anything starts, when the split has no secret
         secret = pd_secret.resolve(args.pd_secret_file, args.instance_api_key)
-    config = RouterConfig(policy=POLICY_NAMES[args.policy])
+    config = RouterConfig(policy=args.policy)
     if args.no_affinity:
         config.affinity_ratio = None
     router = HTTPRouter(args.instance or args.prefill + args.decode, config,
