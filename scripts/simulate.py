@@ -140,6 +140,9 @@ def parse(argv):
     rs.add_argument("--requests", type=int, default=100, help="requests per instance (100)")
     rs.add_argument("--output-dir", required=True,
                     help="rows.jsonl (as it runs), route_screen.json and .md go here")
+    rs.add_argument("--miss-split", action="store_true",
+                    help="also log and keep where each run's misses are: by pool (short or "
+                         "long), history cached or not, and instance (sim/miss_split.py)")
     rs.add_argument("--from-rows", nargs="+", default=None, metavar="ROWS_JSONL",
                     help="run nothing: tabulate these rows.jsonl files (a later file's row "
                          "replaces an earlier one of the same member, N, load and policy)")

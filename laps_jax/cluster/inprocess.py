@@ -70,6 +70,7 @@ class Router:
         self.policy = RoutingPolicy(len(self.d), self.config, self.d[0].derived.is_short,
                                     full_step, self._chunk(), self.cost)
         self.pending: list[list[tuple[Request, float, int, bool]]] = [[] for _ in self.d]
+        self.placed: dict[str, int] = {}  # request id -> instance (sim/miss_split.py)
 
     @property
     def stats(self):
@@ -104,6 +105,8 @@ class Router:
                                long_items=[self.long_items(i) for i in n],
                                unit_s=None if self.d[0].model is None else [1.0] * len(self.d))
         h = self.d[c.instance].submit(prompt, params, arrival_time, slo, request_id)
+        if request_id is not None:
+            self.placed[request_id] = c.instance
         self.pending[c.instance].append(
             (h.request, self.cost(c.new_tokens, c.cached_tokens, c.short), c.new_tokens,
              c.short))

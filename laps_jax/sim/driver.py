@@ -58,6 +58,7 @@ class RunResult:
     time_scale: float
     end_time: float
     window: tuple[float, float] | None = None  # steady-state measurement window (sessions)
+    placed: dict[str, int] | None = None       # routed: request id -> instance
 
 
 def _out_tokens(spec: RunSpec, n: int) -> int:
@@ -185,7 +186,8 @@ def simulate(spec: RunSpec, src: ModelSource, workload: Workload) -> RunResult:
         router = target.metrics() if isinstance(target, Router) else None
         if router:
             router.pop("instances", None)
-        return RunResult(run.stats, ds, router, scale, clock.now(), window)
+        placed = target.placed if isinstance(target, Router) else None
+        return RunResult(run.stats, ds, router, scale, clock.now(), window, placed)
 
     return run_simulated(main())
 

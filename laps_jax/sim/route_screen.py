@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 
 from laps_jax.sim.load_bands import GROUPS, group_of as band_of
+from laps_jax.sim.miss_split import line as split_line
 from laps_jax.sim.sweep import Point, run_point
 
 POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive",
@@ -43,16 +44,17 @@ GOALS = {("light", "round-robin"): 0.72, ("medium", "round-robin"): 0.72,
 
 def screen(members: list[str], counts: list[int], loads: list[float], src, inst, sources,
            base, requests: int, log: Callable[[str], None] = print,
-           checkpoint: str | None = None, policies=POLICIES) -> list[dict]:
+           checkpoint: str | None = None, policies=POLICIES, split: bool = False) -> list[dict]:
     """One row per (member, N, load, policy): its SLO misses, requests and tok/s, and the
-    seed of the member's workload source."""
+    seed of the member's workload source (with `split`, also where the misses are, logged
+    and kept in the row: `miss_split.py`)."""
     rows = []
     for m in members:
         for n in counts:
             for x in loads:
                 for pol in policies:
                     r = run_point(Point(m, "laps", n, pol, load=x, requests=requests),
-                                  src, inst, sources, base)
+                                  src, inst, sources, base, split)
                     row = {"member": m, "n": n, "load": x, "policy": pol,
                            "seed": sources[m].seed,
                            "completed": r.get("completed") or 0,
@@ -60,6 +62,9 @@ def screen(members: list[str], counts: list[int], loads: list[float], src, inst,
                                                * (r.get("completed") or 0)),
                            "tok_s": r.get("prompt_tok_s") or 0.0, "wall_s": r["wall_s"]}
                     row.update({k: r[k] for k in TAILS if r.get(k) is not None})
+                    if split:
+                        row["miss_split"] = r["miss_split"]
+                        log(f"  {pol}: {split_line(r['miss_split'])}")
                     rows.append(row)
                     if checkpoint:
                         with open(checkpoint, "a") as f:

@@ -180,7 +180,8 @@ def cmd_route_screen(args) -> int:
     sources = cli.workload_sources(args, src)
     rows = route_screen.screen(args.members, args.instances, args.loads, src, inst, sources,
                                cli.run_spec(args, inst), args.requests, _log,
-                               os.path.join(args.output_dir, "rows.jsonl"), args.policies)
+                               os.path.join(args.output_dir, "rows.jsonl"), args.policies,
+                               args.miss_split)
     meta = _meta(args, src, inst)
     with open(os.path.join(args.output_dir, "route_screen.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)

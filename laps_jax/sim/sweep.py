@@ -19,6 +19,7 @@ from laps_jax.sim import workload as wl
 from laps_jax.sim.driver import RunSpec, simulate
 from laps_jax.sim.hardware import ModelSource
 from laps_jax.sim.instance import InstanceSpec
+from laps_jax.sim.miss_split import miss_split
 from laps_jax.sim.summary import summarize
 
 
@@ -76,8 +77,9 @@ def capacity_tokens_per_s(src: ModelSource, chunk: int = 2048) -> float:
 
 
 def run_point(p: Point, src: ModelSource, inst: InstanceSpec, workloads: dict[str, WorkloadSource],
-              base: RunSpec) -> dict:
-    """Simulates one point; returns its parameters and summary in one flat dict."""
+              base: RunSpec, split: bool = False) -> dict:
+    """Simulates one point; returns its parameters and summary in one flat dict (with
+    `split`, also where its misses are: `miss_split`)."""
     source = workloads[p.workload]
     per = p.requests or (source.routed_requests if p.instances > 1 else source.requests)
     n = per * p.instances
@@ -96,6 +98,8 @@ def run_point(p: Point, src: ModelSource, inst: InstanceSpec, workloads: dict[st
     row.update(summarize(result, spec, src))
     row.update(router=result.router, wall_s=time.perf_counter() - t0,
                workload_summary=w.summary())
+    if split:
+        row["miss_split"] = miss_split(result.stats, result.placed, p.instances, result.window)
     return row
 
 
