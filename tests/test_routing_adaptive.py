@@ -196,6 +196,24 @@ def test_inflow_uncounts_long_work_that_left_its_failed_instance():
     p.withdraw(q)
 
 
+def test_inflow_prices_no_long_chunk_where_short_work_is_pending_on_every_instance():
+    """Instance 0 (short group) has 0.30 s of short work pending; instance 1 (long group)
+    0.10 s of short work and 2 s of long work (chunk 0.25 s). With short work pending on both,
+    each runs its short batches before its long pool: a short request waits 0.10 s on
+    instance 1 and 0.30 s on instance 0, and laps-inflow sends it to 1; laps-adaptive prices
+    the chunk as well (0.35 s) and keeps it on 0. With instance 0's short queue empty the
+    request starts there at once, and both rules send it there."""
+    unit = [1.0, 1.0]
+    for policy, want in (("laps-inflow", 1), ("laps-adaptive", 0)):
+        p = make(policy, n=2)
+        assert p.group == [SHORT, LONG]
+        c = p.choose(20, [0, 0], [0.30, 2.10], 0.0, short_loads=[0.30, 0.10], unit_s=unit)
+        assert c.short and c.instance == want, policy
+        idle = make(policy, n=2).choose(20, [0, 0], [0.0, 2.10], 0.0, short_loads=[0.0, 0.10],
+                                        unit_s=unit)
+        assert idle.instance == 0, policy
+
+
 def test_inflow_stretch_is_capped_and_forgets():
     from laps_jax.cluster.inflow import MAX_RHO, RecentLongWork, stretch
     w = RecentLongWork(window_s=5.0)

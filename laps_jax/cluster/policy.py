@@ -12,9 +12,11 @@
   chunk in progress).
 - `laps-inflow` (router.py's default): laps-adaptive without the gateway's rule deep in
   the queue; instead a long request's predicted finish counts the smaller long work that will
-  arrive and overtake it (`inflow.py`). Needs the load in seconds or each instance's seconds
-  per unit (`unit_s`); without them (a network router before any streamed request has
-  measured a pace) it cannot price the inflow and is laps-adaptive, switch included.
+  arrive and overtake it (`inflow.py`), and once every instance has short work pending a
+  short request waits for that short work, not a long chunk (`laps_rule.py`). Needs the load
+  in seconds or each instance's seconds per unit (`unit_s`) for the inflow; without them (a
+  network router before any streamed request has measured a pace) it cannot price the inflow
+  and takes laps-adaptive's switch instead.
 - `bucket`: contiguous prompt-length ranges per instance, moved every few seconds so each
   range gets the same share of the recent work, as the SGLang Model Gateway's `bucket` policy
   does (`bucket.py`).
@@ -149,7 +151,7 @@ class RoutingPolicy:
         `chunk`: each instance's own long chunk (laps; default: `chunk_s` for all); `speed`:
         how slow each instance runs now against the others (laps; default: alike);
         `unit_s`: seconds per load unit on each instance (laps-inflow; default: unknown, and
-        laps-inflow decides as laps-adaptive)."""
+        laps-inflow takes laps-adaptive's switch instead of pricing the inflow)."""
         if eligible is not None and not any(eligible):
             raise ValueError("no eligible instance")
         ok = (lambda k: True) if eligible is None else (lambda k: bool(eligible[k]))
@@ -257,7 +259,8 @@ class RoutingPolicy:
                          inflow)
         d = pick_laps(inp, self.groups, now, self.is_short, self.cost, self.chunk_s,
                       self.spill_s, self.config.cross_s, lambda k: (k - self._rr) % self.n,
-                      self.config.harm, adaptive=p != "laps")
+                      self.config.harm, adaptive=p != "laps",
+                      busy_shorts=p == "laps-inflow")
         self._rr = (d.instance + 1) % self.n
         for _ in self.groups.moves[before:]:
             self.stats.moves += 1
