@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from laps_jax.scheduler.request import RequestStats
+from laps_jax.sim.summary import in_window
 
 
 def kind_of(s: RequestStats) -> str:
@@ -27,11 +28,10 @@ def miss_split(stats: Iterable[RequestStats], placed: Mapping[str, int] | None, 
     """{"kinds": kind -> [misses, requests], "instances": [[misses, requests] per instance]}
     over the requests with an SLO that arrived in `window` (all without one); `placed` maps a
     request id to its instance (None: no instance split)."""
-    lo, hi = window if window is not None else (float("-inf"), float("inf"))
     kinds: dict[str, list[int]] = {}
     instances = [[0, 0] for _ in range(n)]
-    for s in stats:
-        if s.slo_s is None or not lo <= s.arrival <= hi:
+    for s in in_window(stats, window):
+        if s.slo_s is None:
             continue
         missed = int(bool(s.slo_violated))
         acc = kinds.setdefault(kind_of(s), [0, 0])

@@ -33,6 +33,15 @@ def _ms(xs: list[float], q: float | None = None) -> float | None:
     return 1e3 * float(np.mean(xs) if q is None else np.percentile(xs, q))
 
 
+def in_window(stats: Iterable[RequestStats], window: tuple[float, float] | None
+              ) -> list[RequestStats]:
+    """The requests that arrived in the steady-state `window` (all of them without one)."""
+    if window is None:
+        return list(stats)
+    lo, hi = window
+    return [s for s in stats if lo <= s.arrival <= hi]
+
+
 def summarize_requests(stats: Iterable[RequestStats]) -> dict:
     """The comparison fields (and a few more) for one mode's requests."""
     stats = list(stats)
@@ -67,10 +76,7 @@ def summarize(result: RunResult, spec: RunSpec, src: ModelSource) -> dict:
 
     Closed-loop sessions ramp up and drain; their figures cover only requests arriving in the
     steady-state window (the others still ran, as load), throughput over the window's length."""
-    stats = result.stats
-    if result.window is not None:
-        lo, hi = result.window
-        stats = [s for s in stats if lo <= s.arrival <= hi]
+    stats = in_window(result.stats, result.window)
     out = summarize_requests(stats)
     done = [s for s in stats if _ok(s)]
     if not done:
