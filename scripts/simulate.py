@@ -44,6 +44,14 @@ def _settings(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _family_members(text: str) -> list[str]:
+    """--members: a comma list, or 'all' for every member of the trace family."""
+    if text.strip() == "all":
+        from laps_jax.workload.family import MEMBERS
+        return list(MEMBERS)
+    return cli.csv(str)(text)
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -128,9 +136,10 @@ def parse(argv):
     c.set_defaults(func=study.cmd_screen)
 
     rs = sub.add_parser("route-screen", help="router policies on the trace family, by load")
-    rs.add_argument("--members", type=cli.csv(str), default=["chat-lmsys", "code-chat",
-                                                             "rag-docs", "agent-loop"],
-                    help="trace family members (chat-lmsys,code-chat,rag-docs,agent-loop)")
+    rs.add_argument("--members", type=_family_members, default=["chat-lmsys", "code-chat",
+                                                                "rag-docs", "agent-loop"],
+                    help="trace family members, or 'all' for every one (default: chat-lmsys,"
+                         "code-chat,rag-docs,agent-loop, the four the router was screened on)")
     rs.add_argument("--instances", type=cli.csv(int), default=[2, 4, 8],
                     help="instance counts (2,4,8)")
     rs.add_argument("--loads", type=cli.csv(float), default=[0.5, 0.7, 0.9],

@@ -92,3 +92,18 @@ def test_tails_are_the_geometric_mean_of_per_cell_ratios_against_prefix():
     assert n == 1 and abs(p90 - 0.5) < 1e-9 and abs(mean - 1 / 3) < 1e-9
     md = markdown(rows)
     assert "| a | light (2 cells) | 1.00 | 1.00 | 0.50 |" in md
+
+
+def test_a_policy_run_on_only_some_members_is_left_out_not_pooled_over_other_cells():
+    """Members screened later with fewer policies: pooling the missing one over the cells it
+    ran on, against baselines over all cells, would compare different traffic."""
+    base = {"least-load": 0, "bucket": 0}
+    rows = (rows_for("old", 2, 0.5, {"round-robin": 10, "prefix": 8, "laps": 1,
+                                     "laps-inflow": 4, **base})
+            + rows_for("new", 2, 0.5, {"round-robin": 10, "prefix": 10, "laps-inflow": 5,
+                                       **base}))
+    md = markdown(rows)
+    assert md.startswith("Left out, as not run on every cell: laps.")
+    assert "laps viol." not in md and "laps-inflow viol." in md
+    # laps-inflow pooled over both members: 9 of 20 against prefix's 18 and RR's 20
+    assert "| all members | light | 2 | 20/200 | 0/200 | 18/200 | 0/200 | 9/200 | 0.45 | 0.50 |" in md

@@ -144,15 +144,22 @@ def markdown(rows: list[dict]) -> str:
     """Per member and band: pooled violations per policy, the candidates' ratios and goals;
     then the worst member per band and candidate (rows without round-robin and prefix: only
     one line per row)."""
-    if not {"round-robin", "prefix"} <= {r["policy"] for r in rows}:
+    every = {r["policy"] for r in rows}
+    for by in cells(rows).values():
+        every &= set(by)
+    if not {"round-robin", "prefix"} <= every:
         return "\n".join(f"- {r['member']} N={r['n']} load {r['load']}: {r['policy']} "
                          f"{r['violations']}/{r['completed']}" for r in rows) + "\n"
-    pol = sorted({r["policy"] for r in rows}, key=lambda p: POLICIES.index(p))
+    # a policy run on only some cells would be pooled over other cells than its baselines
+    dropped = sorted({r["policy"] for r in rows} - every, key=lambda p: POLICIES.index(p))
+    rows = [r for r in rows if r["policy"] in every]
+    pol = sorted(every, key=lambda p: POLICIES.index(p))
     cands = [c for c in CANDIDATES if c in pol]
     head = (["member", "band (RR miss)", "cells"] + [f"{p} viol." for p in pol]
             + [f"{c}/{b}" for c in cands for b in ("RR", "prefix")]
             + [f"{c} tok/s / max(RR, prefix)" for c in cands])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = ([f"Left out, as not run on every cell: {', '.join(dropped)}.", ""] if dropped else [])
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = pooled(rows)
     n_cells = {}
     for m, b, _ in band_cells(rows):

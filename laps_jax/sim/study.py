@@ -130,15 +130,21 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _members_known(members: list[str], sources: dict) -> bool:
+    """False, with the names it knows on stderr, where --members names a workload it has not."""
+    unknown = [m for m in members if m not in sources]
+    if unknown:
+        print(f"error: unknown --members {', '.join(unknown)}: one of {', '.join(sources)}",
+              file=sys.stderr)
+    return not unknown
+
+
 def cmd_screen(args) -> int:
     """laps vs FCFS, HRRN and SRPT on the trace family, at fractions of FCFS's capacity."""
     src = cli.model_source(args)
     inst = cli.instance_spec(args, src)
     sources = cli.workload_sources(args, src)
-    unknown = [m for m in args.members if m not in sources]
-    if unknown:
-        print(f"error: unknown --members {', '.join(unknown)}: one of {', '.join(sources)}",
-              file=sys.stderr)
+    if not _members_known(args.members, sources):
         return 2
     policies = dict(screen.POLICIES)
     if args.laps_settings:  # laps screened with settings changed (a candidate default)
@@ -178,6 +184,8 @@ def cmd_route_screen(args) -> int:
     src = cli.model_source(args)
     inst = cli.instance_spec(args, src)
     sources = cli.workload_sources(args, src)
+    if not _members_known(args.members, sources):
+        return 2
     rows = route_screen.screen(args.members, args.instances, args.loads, src, inst, sources,
                                cli.run_spec(args, inst), args.requests, _log,
                                os.path.join(args.output_dir, "rows.jsonl"), args.policies,
