@@ -82,6 +82,7 @@ def test_the_screen_names_an_unknown_member(tmp_path):
 def test_the_route_screen_names_an_unknown_member_and_takes_all(tmp_path):
     """--members all is every family member; a misspelt one is a usage error, not a KeyError
     from inside the first simulation."""
+    import os
     import runpy
     from laps_jax.workload.family import MEMBERS
     out = _simulate("route-screen", "--members", "chat-lmsys,rag-doc", "--output-dir",
@@ -89,7 +90,6 @@ def test_the_route_screen_names_an_unknown_member_and_takes_all(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "unknown --members rag-doc" in out.stderr and "rag-docs" in out.stderr
     assert not (tmp_path / "rows.jsonl").exists()
-    import os
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parse = runpy.run_path(os.path.join(root, "scripts", "simulate.py"))["parse"]
     args = parse(["route-screen", "--members", "all", "--output-dir", str(tmp_path)])

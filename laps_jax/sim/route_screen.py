@@ -144,14 +144,15 @@ def markdown(rows: list[dict]) -> str:
     """Per member and band: pooled violations per policy, the candidates' ratios and goals;
     then the worst member per band and candidate (rows without round-robin and prefix: only
     one line per row)."""
-    every = {r["policy"] for r in rows}
+    ran = {r["policy"] for r in rows}
+    every = set(ran)
     for by in cells(rows).values():
         every &= set(by)
     if not {"round-robin", "prefix"} <= every:
         return "\n".join(f"- {r['member']} N={r['n']} load {r['load']}: {r['policy']} "
                          f"{r['violations']}/{r['completed']}" for r in rows) + "\n"
     # a policy run on only some cells would be pooled over other cells than its baselines
-    dropped = sorted({r["policy"] for r in rows} - every, key=lambda p: POLICIES.index(p))
+    dropped = sorted(ran - every, key=lambda p: POLICIES.index(p))
     rows = [r for r in rows if r["policy"] in every]
     pol = sorted(every, key=lambda p: POLICIES.index(p))
     cands = [c for c in CANDIDATES if c in pol]
