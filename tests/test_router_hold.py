@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from laps_jax.cluster import hold as hold_mod
 from laps_jax.cluster import http_router
 from laps_jax.cluster.hold import HoldFull, HoldQueue
 from laps_jax.cluster.http_router import HTTPRouter, create_router_app
@@ -28,15 +27,14 @@ class Clock:
         return self.t
 
 
-def test_held_requests_go_fewest_tokens_first_with_aging(monkeypatch):
+def test_held_requests_go_fewest_tokens_first_with_aging():
     clock = Clock()
-    monkeypatch.setattr(hold_mod, "time", clock)
     rng = random.Random(7)
     aging = rng.uniform(200, 2000)
 
     async def go():
         room = [False]
-        q = HoldQueue(lambda: room[0], aging, max_held=64)
+        q = HoldQueue(lambda tokens: room[0], aging, max_held=64, now=clock.monotonic)
         order, tasks, arrived = [], [], {}
         for n in range(12):
             tokens = rng.randrange(1, 600)
@@ -65,7 +63,7 @@ def test_held_requests_go_fewest_tokens_first_with_aging(monkeypatch):
 def test_one_release_at_a_time_and_the_bounds():
     async def go():
         room = [True]
-        q = HoldQueue(lambda: room[0], 1000.0, max_held=2)
+        q = HoldQueue(lambda tokens: room[0], 1000.0, max_held=2)
         await q.turn(10)  # nothing held, room: goes at once
         assert q.releasing
         second = asyncio.create_task(q.turn(5))
@@ -144,7 +142,7 @@ async def _until(pred, what: str, timeout: float = 5.0) -> None:
 
 
 @pytest.mark.parametrize("hold_tokens", [0.0, 100.0])
-def test_the_router_holds_requests_until_an_instance_drains(monkeypatch, hold_tokens):
+def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, hold_tokens):
     async def no_polls(*a, **k):
         await asyncio.Event().wait()
     monkeypatch.setattr(http_router, "poll_forever", no_polls)
@@ -157,48 +155,86 @@ def test_the_router_holds_requests_until_an_instance_drains(monkeypatch, hold_to
         for f in fakes:
             await f.server.start_server()
         router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
-                            RouterConfig(policy="least-load"), hold_tokens=hold_tokens)
+                            RouterConfig(policy="least-load"), threshold=10,
+                            hold_tokens=hold_tokens)
         for inst in router.instances:
             inst.mark_ok(metrics, 0.0)
         front = TestServer(create_router_app(router), host="127.0.0.1")
         await front.start_server()
         url = str(front.make_url("")).rstrip("/")
+        sent = lambda: fakes[0].arrived + fakes[1].arrived  # noqa: E731
         async with aiohttp.ClientSession() as s:
-            first = [asyncio.create_task(_stream(s, url, t, 150)) for t in ("A", "B")]
-            await _until(lambda: len(fakes[0].arrived) + len(fakes[1].arrived) == 2, "A, B sent")
+            tasks = [asyncio.create_task(_stream(s, url, t, 150)) for t in ("A", "B")]
+            await _until(lambda: len(sent()) == 2, "A, B sent")
             a_on = 0 if "A" in fakes[0].arrived else 1
-            later = []
-            for tag, tokens in (("C", 80), ("D", 20), ("E", 50)):
-                later.append(asyncio.create_task(_stream(s, url, tag, tokens)))
+            # long requests larger than A and B: 150 tokens ahead of each on both instances
+            for tag, tokens in (("C", 300), ("D", 200), ("E", 250)):
+                tasks.append(asyncio.create_task(_stream(s, url, tag, tokens)))
                 await asyncio.sleep(0.05)
+            # a short request, and a long one smaller than everything pending: never held
+            tasks += [asyncio.create_task(_stream(s, url, t, n)) for t, n in (("S", 5),
+                                                                              ("G", 120))]
+            await _until(lambda: {"S", "G"} <= set(sent()), "S and G sent at once")
             status = await (await s.get(url + "/router/status")).json()
-            sent = fakes[0].arrived + fakes[1].arrived
             if not hold_tokens:  # on arrival, as before
-                assert sorted(sent) == list("ABCDE") and status["held"] == 0
-            else:  # both instances hold 150 >= 100 tokens: C, D, E wait in the router
-                assert sorted(sent) == ["A", "B"] and status["held"] == 3
+                assert sorted(sent()) == sorted("ABCDEGS") and status["held"] == 0
+            else:  # C, D, E wait in the router
+                assert sorted(sent()) == sorted("ABGS") and status["held"] == 3
                 metric = await (await s.get(url + "/metrics")).text()
                 assert "laps_router_held_requests 3.0" in metric
                 router.hold.max_held = 3  # one more is refused, as JSON, with Retry-After
                 async with s.post(url + "/v1/completions",
-                                  json={"model": "m", "prompt": [1, 2], "user": "F"}) as r:
+                                  json={"model": "m", "prompt": list(range(1, 400)),
+                                        "user": "F"}) as r:
                     assert r.status == 503 and r.headers["Retry-After"] == "1"
                     assert "3 requests wait" in (await r.json())["error"]["message"]
-                fakes[a_on].release("A")  # A's first token: its instance drains
-                await _until(lambda: len(fakes[a_on].arrived) == 4, "C, D, E sent")
-                # to the drained instance, fewest tokens first
-                assert fakes[a_on].arrived[1:] == ["D", "E", "C"]
-                assert fakes[1 - a_on].arrived == ["B"]
+                for tag in "ASG":  # A's instance drains (B stays ahead on the other)
+                    fakes[a_on].release(tag)
+                    fakes[1 - a_on].release(tag)
+                # fewest tokens first, one at a time: each one sent is ahead of the next
+                for tag, n in (("D", 1), ("E", 2), ("C", 3)):
+                    await _until(lambda: fakes[a_on].arrived[-1:] == [tag], f"{tag} sent")
+                    await asyncio.sleep(0.05)
+                    assert len(router.hold.held) == 3 - n
+                    fakes[a_on].release(tag)
+                assert fakes[1 - a_on].arrived[0] == "B" and \
+                    not {"C", "D", "E"} & set(fakes[1 - a_on].arrived)
             for f in fakes:
-                for tag in "ABCDE":
+                for tag in "ABCDEGS":
                     f.release(tag)
-            for out in await asyncio.gather(*first, *later):
+            for out in await asyncio.gather(*tasks):
                 assert '"text": "x"' in out and out.rstrip().endswith("data: [DONE]")
         assert all(not i.inflight and i.load.load == 0 for i in router.instances)
         assert router.hold is None or not router.hold.held and not router.hold.releasing
         await front.close()
         for f in fakes:
             await f.server.close()
+    asyncio.run(go())
+
+
+def test_the_hold_looks_at_the_first_held_request_with_its_own_tokens():
+    """`can_send` is asked for the first in order, with its tokens: a larger request that
+    would not fit does not keep a smaller one back, and is not sent by the smaller's room."""
+    async def go():
+        limit = [0]
+        q = HoldQueue(lambda tokens: tokens < limit[0], 0.0, max_held=8)
+        order = []
+
+        async def one(n):
+            await q.turn(n)
+            order.append(n)
+            q.sent()
+        tasks = [asyncio.create_task(one(n)) for n in (300, 100)]
+        await asyncio.sleep(0.01)
+        assert len(q.held) == 2 and not order
+        limit[0] = 150
+        q.kick()
+        await asyncio.wait_for(tasks[1], 1)
+        await asyncio.sleep(0.1)  # rechecked meanwhile: 300 still does not fit
+        assert order == [100] and [h.tokens for h in q.held] == [300]
+        limit[0] = 301
+        await asyncio.wait_for(tasks[0], 1)
+        assert order == [100, 300]
     asyncio.run(go())
 
 
@@ -212,3 +248,39 @@ def test_router_py_refuses_bad_hold_values():
                                       "http://127.0.0.1:9001", "--hold-tokens", "256"])
     with pytest.raises(ValueError, match="--hold-tokens applies to --instance"):
         make_router(args)
+
+
+def test_router_py_holds_long_requests_by_default_only_with_laps_inflow(tmp_path):
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    from laps_jax.cluster.upstream import parse_metrics as pm
+    one = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
+    make = lambda *argv: make_router(build_parser().parse_args([*one, *argv]))  # noqa: E731
+    r = make()  # the default policy, laps-inflow: held at each instance's own long chunk
+    assert r.config.policy == "laps-inflow" and r.hold is not None and r.hold_tokens is None
+    r.instances[0].mark_ok(pm("laps_long_chunk_tokens 384.0\n"), 0.0)
+    r.instances[1].mark_ok(pm("laps_long_chunk_tokens 128.0\n"), 0.0)
+    assert [r.hold_for(i) for i in r.instances] == [384.0, 128.0]
+    assert make("--hold-tokens", "0").hold is None
+    assert make("--hold-tokens", "300").hold_for(r.instances[0]) == 300.0
+    for policy in ("round-robin", "least-load", "prefix", "laps-adaptive"):
+        assert make("--policy", policy).hold is None
+    assert make("--policy", "prefix", "--hold-tokens", "64").hold is not None
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 48)
+    pd = build_parser().parse_args(["--prefill", "http://127.0.0.1:9000", "--decode",
+                                    "http://127.0.0.1:9001", "--pd-secret-file", str(secret)])
+    assert make_router(pd).hold is None  # (the split routes by its own rule)
+
+
+def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():
+    from laps_jax.cluster.upstream import LoadBook
+    b = LoadBook()
+    b.sent(40, 1.0, short=True)
+    big = b.sent(900, 1.0)
+    b.sent(300, 1.0)
+    assert b.load == 1240
+    assert b.ahead(500) == 340      # the short request and the 300-token one run first
+    assert b.ahead(900) == 1240     # (a request as large as it: both wait for the other)
+    assert b.ahead(100) == 40       # only the short work
+    b.prefilled(big, 2.0)
+    assert b.ahead(500) == 340 and b.load == 340

@@ -49,15 +49,16 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
     if est.stream:
         headers[TOKEN_IDS_HEADER] = "1"
     passage, body, tried = Passage(), raw, set()
-    holding = router.hold is not None
-    if holding:  # wait in the router until an instance is below the hold (cluster/hold.py)
+    held = router.held_tokens(est)  # None: not held (no hold, or a short request)
+    holding = held is not None
+    if holding:  # wait in the router until an instance has room for it (cluster/hold.py)
         try:
-            await router.hold.turn(est.tokens)
+            await router.hold.turn(held)
         except HoldFull as e:
             raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
     while True:
         try:
-            choice = router.choose(est, tried | router.held_back())
+            choice = router.choose(est, tried | router.held_back(held))
             k, new, short = router.placed(est, choice)
             inst = router.instances[k]
             inst.routed += 1

@@ -1,22 +1,27 @@
-"""Late binding: the router holds a request while every instance already has enough prefill
-pending, and sends it when one drains (`--hold-tokens`, experimental, off by default).
+"""Late binding of long requests: the router holds a long request while every instance already
+has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
+network router, `+hold` in the simulator's screens; off by default).
 
-Why: a request bound to an instance on arrival waits there even when another instance drains
-first, and which one drains first is not known on arrival (on the CPU bench three instances
-share two cores, so which one runs fast changes faster than a load report or a measured pace
-can follow: docs/BENCHMARKS.md, "Router"). Held in the router, a request is bound only
-when some instance's pending prefill falls below `hold_tokens`, to the instance the policy
-picks among those. Ray Serve's request router does the same with its per-replica cap on
-ongoing requests. What it costs: the instances batch less (each sees at most about
-`hold_tokens` of prefill at once) and a held request pays one more hop when it is released.
+Why: a long request bound to an instance on arrival waits there even when another instance
+drains first, and which one drains first is not known on arrival. Held in the router, it is
+bound only when some instance has less than the hold of work ahead of it, to the instance the
+policy picks among those. "Ahead" is what the instance will run first: its short work and the
+long work smaller than this request, since every instance runs the least remaining first. So a
+long request smaller than everything pending goes at once (it would overtake that work anyway),
+and short requests are never held (they wait at most a chunk wherever they go). Holding every
+request, short ones and whatever was pending, cost light loads more than it won (simulated
+H200, docs/SIMULATION.md, "Late binding"). Ray Serve's request router binds late too, with its
+per-replica cap on ongoing requests. What it costs: a held request pays one more hop when it is
+released.
 
-The order among held requests: fewest prompt tokens first, each credited `aging` tokens per
+The order among held requests: fewest new tokens first, each credited `aging` tokens per
 second held (the instances' pools order their work the same way). With TTFT targets that grow
 with a request's length, as the benchmark's (5x its isolated TTFT), that is earliest deadline
-first.
+first. Only the first in that order is looked at: a later one that might fit does not pass it.
 
 One request is released at a time: it is picked and counted on its instance (the router's
-`LoadBook`) before the next is considered, so two releases never see the same free space.
+`LoadBook`, the simulator's pending list) before the next is considered, so two releases never
+see the same free space.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from collections.abc import Callable
 
 RECHECK_S = 0.05  # held requests are looked at again this often (also on every first token)
+AGING_TOKENS_PER_S = 1000.0  # a held request's credit per second held (both routers')
 
 
 class HoldFull(Exception):
@@ -41,11 +47,15 @@ class Held:
 
 
 class HoldQueue:
-    """Requests held in the router until `can_send()` (some instance below the hold, or none
-    available at all, which the caller then answers with 503)."""
+    """Requests held in the router until `can_send(tokens)`: some instance has less than the
+    hold of work ahead of a request of `tokens` new tokens (or none is available at all, which
+    the caller then answers with 503). `now` is the caller's clock (the simulator's is
+    virtual)."""
 
-    def __init__(self, can_send: Callable[[], bool], aging_tokens_per_s: float, max_held: int):
+    def __init__(self, can_send: Callable[[int], bool], aging_tokens_per_s: float, max_held: int,
+                 now: Callable[[], float] = time.monotonic, recheck_s: float = RECHECK_S):
         self.can_send, self.aging, self.max_held = can_send, aging_tokens_per_s, max_held
+        self.now, self.recheck_s = now, recheck_s
         self.held: list[Held] = []
         self.releasing = False  # one released request is being sent
         self._timer: asyncio.TimerHandle | None = None
@@ -54,16 +64,16 @@ class HoldQueue:
         return h.tokens - self.aging * (now - h.since)
 
     async def turn(self, tokens: int) -> None:
-        """Returns when a request of `tokens` prompt tokens may be sent; the caller sends it (its
+        """Returns when a request of `tokens` new tokens may be sent; the caller sends it (its
         pick and `LoadBook.sent` with no await between) and then calls `sent()`. HoldFull when
         `max_held` requests are held already."""
-        if not self.held and not self.releasing and self.can_send():
+        if not self.held and not self.releasing and self.can_send(tokens):
             self.releasing = True
             return
         if len(self.held) >= self.max_held:
             raise HoldFull(f"every instance is busy and {self.max_held} requests wait in the "
                            f"router; retry shortly")
-        h = Held(max(int(tokens), 0), time.monotonic(),
+        h = Held(max(int(tokens), 0), self.now(),
                  asyncio.get_running_loop().create_future())
         self.held.append(h)
         try:
@@ -82,17 +92,17 @@ class HoldQueue:
         self.kick()
 
     def kick(self) -> None:
-        """Releases the first held request if it may go now; else looks again in RECHECK_S."""
+        """Releases the first held request if it may go now; else looks again in `recheck_s`."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.releasing or not self.held:
             return
-        if not self.can_send():
-            self._timer = asyncio.get_running_loop().call_later(RECHECK_S, self.kick)
-            return
-        now = time.monotonic()
+        now = self.now()
         h = min(self.held, key=lambda x: (self.score(x, now), x.since))
+        if not self.can_send(h.tokens):
+            self._timer = asyncio.get_running_loop().call_later(self.recheck_s, self.kick)
+            return
         self.held.remove(h)
         self.releasing = True
         h.released.set_result(None)

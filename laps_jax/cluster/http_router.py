@@ -34,10 +34,11 @@ request is for the instance to judge, and its 4xx answer is passed through as it
 read the same as serve.py's. Errors of the router itself are JSON by serve.py's own middleware
 and HTTP runner (auth, size limit, parser errors). By default it never queues: a request no
 instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
-with Retry-After. With `hold_tokens` (late binding, experimental: cluster/hold.py) a request
-waits in the router while every available instance has that much prefill pending, at most
-`max_inflight` x instances of them (then 503 with Retry-After), and then goes to the policy's
-pick among the instances below the hold. A request whose instance fails goes on at another
+with Retry-After. With a hold (late binding of long requests, cluster/hold.py; by default with
+laps-inflow, at each instance's long chunk) a long request waits in the router while every
+available instance has that much prefill ahead of it (short work and smaller long work), at
+most `max_inflight` x instances of them (then 503 with Retry-After), and then goes to the
+policy's pick among the instances below the hold. A request whose instance fails goes on at another
 (failover.py): sent again if nothing reached the client yet, a stream resumed from the tokens
 the client has.
 """
@@ -55,7 +56,7 @@ import aiohttp
 from aiohttp import web
 
 from laps_jax.cluster.failover import route
-from laps_jax.cluster.hold import HoldQueue
+from laps_jax.cluster.hold import AGING_TOKENS_PER_S as HOLD_AGING_TOKENS_PER_S, HoldQueue
 from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import LAPS, Choice, RouterConfig, RoutingPolicy
@@ -74,7 +75,6 @@ PARSE_THREADS = 2
 INLINE_PARSE_BYTES = 8192  # bodies up to this size are parsed on the event loop
 FALLBACK_THRESHOLD = 256  # until an instance reports its own
 FALLBACK_CHUNK = 512.0  # tokens of an instance's long step until it reports its own
-HOLD_AGING_TOKENS_PER_S = 1000.0  # held requests: credit per second held (cluster/hold.py)
 GROUPED = ("length-aware", *LAPS)  # policies with short and long groups
 
 
@@ -145,7 +145,7 @@ class HTTPRouter:
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
                  pace_weight: float = 0.0, pace_forget_s: float = FORGET_S,
-                 hold_tokens: float = 0.0):
+                 hold_tokens: float | None = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -163,11 +163,12 @@ class HTTPRouter:
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
         self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
-        # late binding (cluster/hold.py, experimental): requests wait in the router while every
-        # instance has `hold_tokens` of prefill pending (0: never, they go on arrival)
+        # late binding of long requests (cluster/hold.py): one waits in the router while every
+        # instance has `hold_tokens` of prefill ahead of it (None: each instance's own long
+        # chunk, router.py's default with laps-inflow; 0: never, they go on arrival)
         self.hold_tokens = hold_tokens
         self.hold = (HoldQueue(self.can_send, HOLD_AGING_TOKENS_PER_S,
-                               max_inflight * len(urls)) if hold_tokens else None)
+                               max_inflight * len(urls)) if hold_tokens != 0 else None)
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -235,22 +236,30 @@ class HTTPRouter:
         i = self.instances[k]
         return i.healthy and len(i.inflight) < self.max_inflight
 
-    def _over_hold(self) -> tuple[set[int], set[int]]:
-        """The available instances, and of them those at or over the hold."""
+    def _over_hold(self, tokens: int) -> tuple[set[int], set[int]]:
+        """The available instances, and of them those with the hold or more of work ahead of
+        a long request of `tokens` new tokens."""
         ks = {k for k in range(len(self.instances)) if self.available(k)}
-        return ks, {k for k in ks if self.instances[k].load.load >= self.hold_tokens}
+        return ks, {k for k in ks
+                    if self.instances[k].load.ahead(tokens) >= self.hold_for(self.instances[k])}
 
-    def can_send(self) -> bool:
-        """With a hold: some available instance is below it, or none is available (the request
-        is then answered with 503 at once, not held)."""
-        ks, full = self._over_hold()
+    def hold_for(self, inst: Instance) -> float:
+        """The prefill ahead of a long request at which `inst` holds it back: `hold_tokens`,
+        or (None) the long chunk it runs per step."""
+        return self.long_chunk(inst) if self.hold_tokens is None else self.hold_tokens
+
+    def can_send(self, tokens: int) -> bool:
+        """With a hold: some available instance has less than it ahead of the request, or
+        none is available (the request is then answered with 503 at once, not held)."""
+        ks, full = self._over_hold(tokens)
         return not ks or full != ks
 
-    def held_back(self) -> set[int]:
-        """With a hold: the available instances at or over it, unless that is all of them."""
-        if not self.hold_tokens:
+    def held_back(self, tokens: int | None) -> set[int]:
+        """For a held request: the available instances with the hold or more ahead of it,
+        unless that is all of them (none for a request not held)."""
+        if tokens is None:
             return set()
-        ks, full = self._over_hold()
+        ks, full = self._over_hold(tokens)
         return set() if full == ks else full
 
     def pick(self, est: Estimate, exclude: set[int]) -> tuple[int, int, bool]:
@@ -272,13 +281,7 @@ class HTTPRouter:
                    f"every available instance has {self.max_inflight} requests in flight")
             raise APIError(f"no instance can take the request now ({why}); retry shortly", 503,
                            "unavailable", headers={"Retry-After": "1"})
-        if est.ids:
-            cached = cached_prefixes(est.ids, [i.blocks for i in self.instances])
-        elif est.text:  # the text's blocks as tokens, leaving one to compute as the engine does
-            cached = [min(matched_blocks(est.text, i.texts) * TEXT_BLOCK_BYTES // CHARS_PER_TOKEN,
-                          est.tokens - 1) for i in self.instances]
-        else:
-            cached = [0] * len(self.instances)
+        cached = self.cached(est)
         loads = [i.load.load for i in self.instances]
         # a decode step, in tokens (None: a memory-bound step, a prefill of the threshold's
         # tokens, where prefill turns compute-bound; 0, the default: not counted), plus
@@ -296,6 +299,23 @@ class HTTPRouter:
                                   chunk=[self.long_chunk(i) for i in self.instances],
                                   speed=self.speeds() if self.pace_weight else None,
                                   unit_s=self.seconds_per_token())
+
+    def cached(self, est: Estimate) -> list[int]:
+        """The prompt tokens each instance's cache is expected to hold (as far as known)."""
+        if est.ids:
+            return cached_prefixes(est.ids, [i.blocks for i in self.instances])
+        if est.text:  # the text's blocks as tokens, leaving one to compute as the engine does
+            return [min(matched_blocks(est.text, i.texts) * TEXT_BLOCK_BYTES // CHARS_PER_TOKEN,
+                        est.tokens - 1) for i in self.instances]
+        return [0] * len(self.instances)
+
+    def held_tokens(self, est: Estimate) -> int | None:
+        """With a hold: the new tokens a long request is held by (its fewest anywhere), or None
+        when it goes at once (no hold, or short: cluster/hold.py)."""
+        if self.hold is None or est.tokens <= self.threshold:
+            return None
+        new = max(est.tokens - max(self.cached(est), default=0), 0)
+        return None if new <= self.threshold else new
 
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""
@@ -327,6 +347,8 @@ class HTTPRouter:
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
+                "hold_tokens": (None if self.hold is None else
+                                [self.hold_for(i) for i in self.instances]),
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "group_sizes": [list(g) for g in s.groups[-20:]],

@@ -8,13 +8,19 @@
 It measures what the policy needs: each instance's cached prefix of the prompt (read from its
 prefix caches, nothing pinned) and its pending prefill work (predicted seconds of prefill
 routed to it and not done yet, partly done requests counted by what is left).
+
+With `hold_steps` it binds long requests late (cluster/hold.py): a long request waits here
+while every instance has that many full prefill steps of work ahead of it, and `submit`
+returns a handle that follows it to its instance once bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence as Seq
 
+from laps_jax.cluster.hold import AGING_TOKENS_PER_S, HoldQueue
 from laps_jax.cluster.policy import POLICIES, RouterConfig, RoutingPolicy
 from laps_jax.engine.kv_cache import block_hash
 from laps_jax.engine.sequence import SamplingParams
@@ -57,7 +63,8 @@ def cached_prefixes(prompt: Seq[int], dispatchers: Seq[Dispatcher]) -> list[int]
 class Router:
     def __init__(self, dispatchers: Seq[Dispatcher], config: RouterConfig | None = None,
                  clock: Clock | None = None,
-                 cost: Callable[[int, int, bool], float] | None = None):
+                 cost: Callable[[int, int, bool], float] | None = None,
+                 hold_steps: float = 0.0):
         if not dispatchers:
             raise ValueError("a router needs at least one instance")
         self.d = list(dispatchers)
@@ -71,6 +78,11 @@ class Router:
                                     full_step, self._chunk(), self.cost)
         self.pending: list[list[tuple[Request, float, int, bool]]] = [[] for _ in self.d]
         self.placed: dict[str, int] = {}  # request id -> instance (sim/miss_split.py)
+        if not (hold_steps >= 0 and math.isfinite(hold_steps)):
+            raise ValueError(f"hold_steps must be a finite number >= 0, got {hold_steps}")
+        self.hold_s = hold_steps * full_step
+        self.hold = (HoldQueue(self._may_send, AGING_TOKENS_PER_S, 1 << 30,
+                               self.clock.now) if hold_steps else None)
 
     @property
     def stats(self):
@@ -97,10 +109,51 @@ class Router:
                arrival_time: float | None = None, slo: float | None = None,
                request_id: str | None = None) -> RequestHandle:
         prompt = [int(t) for t in prompt]
+        cached = cached_prefixes(prompt, self.d)
+        new = len(prompt) - max(cached)
+        if self.hold is None or self.policy.is_short(new, max(cached)):
+            return self._bind(prompt, params, arrival_time, slo, request_id, cached)
+        late = LateHandle()
+        asyncio.ensure_future(self._bind_late(late, prompt, params, arrival_time, slo,
+                                              request_id, new))
+        return late
+
+    async def _bind_late(self, late: LateHandle, prompt: list[int], params, arrival_time,
+                         slo, request_id, new: int) -> None:
+        """Holds a long request until some instance has less than the hold ahead of it, then
+        binds it among those instances."""
+        await self.hold.turn(new)
+        try:
+            h = self._bind(prompt, params, arrival_time, slo, request_id,
+                           cached_prefixes(prompt, self.d), self._room(new))
+        except Exception as e:  # (the caller sees it from the handle, as from submit)
+            late.bound.set_exception(e)
+            return
+        finally:
+            self.hold.sent()
+        late.bound.set_result(h)
+        await h.result()  # its prefill is done (disaggregated) or it ended: room may be back
+        self.hold.kick()
+
+    def _ahead(self, i: int, new: int) -> float:
+        """Work instance i runs before a long request of `new` tokens: its short work and
+        the smaller long work (every instance runs the least remaining first)."""
+        c = self.cost(new, 0, False)
+        short = self.load(i, True)
+        return short + sum(x for x in self.long_items(i) if x <= c)
+
+    def _room(self, new: int) -> list[bool]:
+        return [self._ahead(i, new) < self.hold_s for i in range(len(self.d))]
+
+    def _may_send(self, new: int) -> bool:
+        return any(self._room(new))
+
+    def _bind(self, prompt: list[int], params, arrival_time, slo, request_id,
+              cached: list[int], eligible: list[bool] | None = None) -> RequestHandle:
         n = range(len(self.d))
         loads = [self.load(i) for i in n]
-        c = self.policy.choose(len(prompt), cached_prefixes(prompt, self.d), loads,
-                               self.clock.now(), short_loads=[self.load(i, True) for i in n],
+        c = self.policy.choose(len(prompt), cached, loads, self.clock.now(), eligible,
+                               short_loads=[self.load(i, True) for i in n],
                                inflight=[len(self.pending[i]) for i in n],
                                long_items=[self.long_items(i) for i in n],
                                unit_s=None if self.d[0].model is None else [1.0] * len(self.d))
@@ -177,3 +230,26 @@ class Router:
                 "behind": s.behind,
                 "spill_s": self.spill_s, "groups": [list(g) for g in s.groups],
                 "instances": [d.metrics().to_dict() for d in self.d]}
+
+
+class LateHandle:
+    """What `Router.submit` returns for a held request: `result()` waits for the binding and
+    then for the dispatcher's handle; the rest is read from that handle once bound."""
+
+    def __init__(self) -> None:
+        self.bound: asyncio.Future[RequestHandle] = asyncio.get_running_loop().create_future()
+
+    async def result(self):
+        return await (await self.bound).result()
+
+    @property
+    def request(self) -> Request:
+        return self.bound.result().request
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.bound.result().tokens
+
+    @property
+    def stats(self):
+        return self.bound.result().stats

@@ -108,6 +108,13 @@ class LoadBook:
         old, new = self._own(False)
         return new + min(old, self.reported) + self.foreign
 
+    def ahead(self, tokens: int) -> float:
+        """The part of `load` an instance runs before a long request of `tokens` new tokens:
+        all but the router's own long requests larger than it (every instance runs the least
+        remaining first; other clients' work counts whole, its sizes unseen)."""
+        larger = sum(n for _, n, sh in self._open.values() if not sh and n > tokens)
+        return max(self.load - larger, self.short_load, 0.0)
+
     @property
     def short_load(self) -> float:
         """The part of `load` that is short work."""

@@ -34,6 +34,7 @@ class RunSpec:
     instance: InstanceSpec = dataclasses.field(default_factory=InstanceSpec)
     instances: int = 1
     router: RouterConfig | None = None   # needed when instances > 1
+    hold_steps: float = 0.0              # router: late binding of long requests (cluster/hold.py)
     rate: float | None = None            # offered requests/s (None: as recorded)
     time_scale: float | None = None      # multiply the trace's times by this instead of `rate`
     concurrency: int | None = None       # closed loop at this many in flight (ignores arrivals)
@@ -162,7 +163,8 @@ def simulate(spec: RunSpec, src: ModelSource, workload: Workload) -> RunResult:
         clock = SimClock()
         ds = [build_dispatcher(spec.instance, src.cfg, src.model, clock, f"i{i}", grid)
               for i in range(spec.instances)]
-        target = Router(ds, spec.router, clock) if spec.instances > 1 else ds[0]
+        target = (Router(ds, spec.router, clock, hold_steps=spec.hold_steps)
+                  if spec.instances > 1 else ds[0])
         for ids in w.shared_prefixes():  # hot documents / system prompts: cached from the start
             for d in ds:
                 for ex in executors(d):

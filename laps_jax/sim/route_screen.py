@@ -30,8 +30,8 @@ from laps_jax.sim.miss_split import line as split_line
 from laps_jax.sim.sweep import Point, run_point
 
 POLICIES = ("round-robin", "least-load", "prefix", "bucket", "laps", "laps-adaptive",
-            "laps-inflow")
-CANDIDATES = ("laps", "laps-adaptive", "laps-inflow")
+            "laps-inflow", "laps-inflow+hold")
+CANDIDATES = ("laps", "laps-adaptive", "laps-inflow", "laps-inflow+hold")
 BANDS = tuple(name for name, _, _ in GROUPS)
 TAILS = ("ttft_ms_p90", "ttft_ms_p99", "ttft_ms_mean")
 FEW = 5  # under this many misses on both sides a ratio decides nothing (shown, not judged)

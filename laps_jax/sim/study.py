@@ -186,6 +186,13 @@ def cmd_route_screen(args) -> int:
     sources = cli.workload_sources(args, src)
     if not _members_known(args.members, sources):
         return 2
+    try:
+        for p in args.policies:
+            sweep.router_of(p)
+    except ValueError as e:
+        print(f"simulate.py route-screen: --policies: {e} (or one of those + "
+              f"{sweep.HOLD_SUFFIX!r})", file=sys.stderr)
+        return 2
     rows = route_screen.screen(args.members, args.instances, args.loads, src, inst, sources,
                                cli.run_spec(args, inst), args.requests, _log,
                                os.path.join(args.output_dir, "rows.jsonl"), args.policies,

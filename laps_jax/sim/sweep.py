@@ -23,6 +23,19 @@ from laps_jax.sim.miss_split import miss_split
 from laps_jax.sim.summary import summarize
 
 
+HOLD_SUFFIX = "+hold"  # a policy name's suffix: its router binds long requests late
+HOLD_STEPS = 1.0  # ... holding them while every instance has a full prefill step ahead of them
+
+
+def router_of(policy: str) -> tuple[RouterConfig, float]:
+    """The router a policy name asks for, and its hold in full steps: `NAME` (bound on
+    arrival) or `NAME+hold` (long requests bound late: cluster/hold.py). ValueError names the
+    policies when NAME is not one."""
+    name, hold = ((policy[:-len(HOLD_SUFFIX)], HOLD_STEPS) if policy.endswith(HOLD_SUFFIX)
+                  else (policy, 0.0))
+    return RouterConfig(policy=name), hold
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
     """One simulation of a sweep."""
@@ -85,11 +98,10 @@ def run_point(p: Point, src: ModelSource, inst: InstanceSpec, workloads: dict[st
     n = per * p.instances
     w = source.get(n)
     sched = dataclasses.replace(inst.scheduler, **dict(p.settings))
+    router, hold = router_of(p.policy) if p.instances > 1 else (None, 0.0)
     spec = dataclasses.replace(
         base, instance=dataclasses.replace(inst, mode=p.mode, scheduler=sched),
-        instances=p.instances,
-        router=RouterConfig(policy=p.policy) if p.instances > 1 else None,
-        concurrency=p.concurrency)
+        instances=p.instances, router=router, hold_steps=hold, concurrency=p.concurrency)
     if p.load is not None:
         spec.rate = rate_for_load(p.load, w, src, p.instances * spec.instance.devices)
     t0 = time.perf_counter()
