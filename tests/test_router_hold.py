@@ -250,26 +250,16 @@ def test_router_py_refuses_bad_hold_values():
         make_router(args)
 
 
-def test_router_py_holds_long_requests_by_default_only_with_laps_inflow(tmp_path):
+def test_router_py_sends_on_arrival_unless_a_hold_is_given():
     from laps_jax.cluster.router_cli import build_parser, make_router
-    from laps_jax.cluster.upstream import parse_metrics as pm
     one = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
     make = lambda *argv: make_router(build_parser().parse_args([*one, *argv]))  # noqa: E731
-    r = make()  # the default policy, laps-inflow: held at each instance's own long chunk
-    assert r.config.policy == "laps-inflow" and r.hold is not None and r.hold_tokens is None
-    r.instances[0].mark_ok(pm("laps_long_chunk_tokens 384.0\n"), 0.0)
-    r.instances[1].mark_ok(pm("laps_long_chunk_tokens 128.0\n"), 0.0)
-    assert [r.hold_for(i) for i in r.instances] == [384.0, 128.0]
-    assert make("--hold-tokens", "0").hold is None
-    assert make("--hold-tokens", "300").hold_for(r.instances[0]) == 300.0
-    for policy in ("round-robin", "least-load", "prefix", "laps-adaptive"):
-        assert make("--policy", policy).hold is None
-    assert make("--policy", "prefix", "--hold-tokens", "64").hold is not None
-    secret = tmp_path / "secret"
-    secret.write_text("s" * 48)
-    pd = build_parser().parse_args(["--prefill", "http://127.0.0.1:9000", "--decode",
-                                    "http://127.0.0.1:9001", "--pd-secret-file", str(secret)])
-    assert make_router(pd).hold is None  # (the split routes by its own rule)
+    r = make()  # the default policy, laps-inflow, binds on arrival (the hold is experimental)
+    assert r.config.policy == "laps-inflow" and r.hold is None
+    assert r.held_tokens(http_router.Estimate(list(range(900)), 900, True)) is None
+    for policy in ("laps-inflow", "round-robin", "prefix"):
+        h = make("--policy", policy, "--hold-tokens", "300")
+        assert h.hold is not None and h.status()["hold_tokens"] == 300.0
 
 
 def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():
@@ -284,3 +274,8 @@ def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():
     assert b.ahead(100) == 40       # only the short work
     b.prefilled(big, 2.0)
     assert b.ahead(500) == 340 and b.load == 340
+    # other clients' work: their short work counts, their long work (sizes unseen) does not,
+    # so it cannot hold this router's requests back for as long as they keep sending
+    b.report(340 + 5000 + 60, 3.0, pending_short=40 + 60)
+    assert b.load == 5400 and b.short_load == 100
+    assert b.ahead(500) == 400 and b.ahead(100) == 100

@@ -1,6 +1,7 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
-network router, `+hold` in the simulator's screens; off by default).
+network router, `+hold` in the simulator's screens; experimental, off by default: it won
+0.6-0.7x of the misses in the simulator and none live, docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is

@@ -34,13 +34,12 @@ request is for the instance to judge, and its 4xx answer is passed through as it
 read the same as serve.py's. Errors of the router itself are JSON by serve.py's own middleware
 and HTTP runner (auth, size limit, parser errors). By default it never queues: a request no
 instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
-with Retry-After. With a hold (late binding of long requests, cluster/hold.py; by default with
-laps-inflow, at each instance's long chunk) a long request waits in the router while every
-available instance has that much prefill ahead of it (short work and smaller long work), at
-most `max_inflight` x instances of them (then 503 with Retry-After), and then goes to the
-policy's pick among the instances below the hold. A request whose instance fails goes on at another
-(failover.py): sent again if nothing reached the client yet, a stream resumed from the tokens
-the client has.
+with Retry-After. With `hold_tokens` (late binding of long requests, experimental:
+cluster/hold.py) a long request waits in the router while every available instance has that
+much prefill ahead of it (short work and smaller long work), at most `max_inflight` x
+instances of them (then 503 with Retry-After), and then goes to the policy's pick among the
+instances below the hold. A request whose instance fails goes on at another (failover.py):
+sent again if nothing reached the client yet, a stream resumed from the tokens the client has.
 """
 
 from __future__ import annotations
@@ -145,7 +144,7 @@ class HTTPRouter:
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
                  pace_weight: float = 0.0, pace_forget_s: float = FORGET_S,
-                 hold_tokens: float | None = 0.0):
+                 hold_tokens: float = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -163,12 +162,12 @@ class HTTPRouter:
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
         self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
-        # late binding of long requests (cluster/hold.py): one waits in the router while every
-        # instance has `hold_tokens` of prefill ahead of it (None: each instance's own long
-        # chunk, router.py's default with laps-inflow; 0: never, they go on arrival)
+        # late binding of long requests (cluster/hold.py, experimental): one waits in the
+        # router while every instance has `hold_tokens` of prefill ahead of it (0: never, they
+        # go on arrival)
         self.hold_tokens = hold_tokens
         self.hold = (HoldQueue(self.can_send, HOLD_AGING_TOKENS_PER_S,
-                               max_inflight * len(urls)) if hold_tokens != 0 else None)
+                               max_inflight * len(urls)) if hold_tokens else None)
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -240,13 +239,7 @@ class HTTPRouter:
         """The available instances, and of them those with the hold or more of work ahead of
         a long request of `tokens` new tokens."""
         ks = {k for k in range(len(self.instances)) if self.available(k)}
-        return ks, {k for k in ks
-                    if self.instances[k].load.ahead(tokens) >= self.hold_for(self.instances[k])}
-
-    def hold_for(self, inst: Instance) -> float:
-        """The prefill ahead of a long request at which `inst` holds it back: `hold_tokens`,
-        or (None) the long chunk it runs per step."""
-        return self.long_chunk(inst) if self.hold_tokens is None else self.hold_tokens
+        return ks, {k for k in ks if self.instances[k].load.ahead(tokens) >= self.hold_tokens}
 
     def can_send(self, tokens: int) -> bool:
         """With a hold: some available instance has less than it ahead of the request, or
@@ -347,8 +340,7 @@ class HTTPRouter:
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
-                "hold_tokens": (None if self.hold is None else
-                                [self.hold_for(i) for i in self.instances]),
+                "hold_tokens": self.hold_tokens,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "group_sizes": [list(g) for g in s.groups[-20:]],

@@ -118,15 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
                          f"looked slow and got no work since is not shunned for good (default "
                          f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
                          "0: paces are forgotten at once, as if pace were off)")
-    ap.add_argument("--hold-tokens", type=float, default=None,
-                    help="late binding of long requests: hold a request over the short "
-                         "threshold in the router while every instance has this many prefill "
-                         "tokens or more ahead of it (its short work and smaller long work), "
-                         "and send it, fewest tokens first (aged), to the policy's pick among "
-                         "the instances with room; short requests go at once. Default: each "
-                         "instance's long chunk (laps_long_chunk_tokens) with laps-inflow, "
-                         "off with the other policies; 0 turns it off (simulated H200: 0.46-0.70x "
-                         "the gateway's misses with it, 0.69-0.89x without; docs/SIMULATION.md)")
+    ap.add_argument("--hold-tokens", type=float, default=0.0,
+                    help="(experimental) late binding of long requests: hold a request over "
+                         "the short threshold in the router while every instance has this "
+                         "many prefill tokens or more ahead of it (its short work and the "
+                         "router's smaller long requests there), and send it, fewest tokens "
+                         "first (aged), to the policy's pick among the instances with room; "
+                         "short requests go at once. About one long chunk "
+                         "(laps_long_chunk_tokens). Simulated H200: 0.46-0.70x the gateway's "
+                         "misses with laps-inflow, 0.69-0.89x without; live on 3 CPU "
+                         "instances not shown (1.04x without it over 4 rounds), hence off "
+                         "(default 0: send on arrival; docs/BENCHMARKS.md)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
@@ -163,14 +165,10 @@ def make_router(args):
         raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
     if not (args.pace_forget_s >= 0 and math.isfinite(args.pace_forget_s)):
         raise ValueError(f"--pace-forget-s must be a finite number >= 0, got {args.pace_forget_s}")
-    if args.hold_tokens is not None and not (args.hold_tokens >= 0 and
-                                             math.isfinite(args.hold_tokens)):
+    if not (args.hold_tokens >= 0 and math.isfinite(args.hold_tokens)):
         raise ValueError(f"--hold-tokens must be a finite number >= 0, got {args.hold_tokens}")
     if args.hold_tokens and args.prefill:
         raise ValueError("--hold-tokens applies to --instance routing, not --prefill/--decode")
-    hold = args.hold_tokens
-    if hold is None:  # the default: held at each instance's long chunk with laps-inflow
-        hold = None if args.policy == "laps-inflow" and not args.prefill else 0.0
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
     if args.no_affinity and args.policy not in AFFINITY_POLICIES:
@@ -191,7 +189,7 @@ def make_router(args):
                         instance_api_key=args.instance_api_key,
                         long_chunk_tokens=args.long_chunk_tokens,
                         pace_weight=args.pace_weight, pace_forget_s=args.pace_forget_s,
-                        hold_tokens=hold)
+                        hold_tokens=args.hold_tokens)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill), secret)

@@ -110,10 +110,11 @@ class LoadBook:
 
     def ahead(self, tokens: int) -> float:
         """The part of `load` an instance runs before a long request of `tokens` new tokens:
-        all but the router's own long requests larger than it (every instance runs the least
-        remaining first; other clients' work counts whole, its sizes unseen)."""
-        larger = sum(n for _, n, sh in self._open.values() if not sh and n > tokens)
-        return max(self.load - larger, self.short_load, 0.0)
+        its short work and the router's own long requests no larger (every instance runs the
+        least remaining first). Other clients' long work is left out: its sizes are unseen,
+        and counted whole it could hold this router's requests for as long as they send."""
+        smaller = sum(n for _, n, sh in self._open.values() if not sh and n <= tokens)
+        return min(self.short_load + smaller, self.load)
 
     @property
     def short_load(self) -> float:
