@@ -258,8 +258,12 @@ def test_router_py_sends_on_arrival_unless_a_hold_is_given():
     assert r.config.policy == "laps-inflow" and r.hold is None
     assert r.held_tokens(http_router.Estimate(list(range(900)), 900, True)) is None
     for policy in ("laps-inflow", "round-robin", "prefix"):
-        h = make("--policy", policy, "--hold-tokens", "300")
+        h = make("--policy", policy, "--hold-tokens", "300", "--threshold", "10")
         assert h.hold is not None and h.status()["hold_tokens"] == 300.0
+    # a request no larger than the hold (one step's work or so) is never held, a larger one is
+    est = lambda n: http_router.Estimate(list(range(1, n + 1)), n, True)  # noqa: E731
+    assert h.held_tokens(est(9)) is None and h.held_tokens(est(300)) is None
+    assert h.held_tokens(est(301)) == 301 and h.held_tokens(est(900)) == 900
 
 
 def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():

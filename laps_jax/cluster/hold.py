@@ -1,17 +1,19 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
-network router, `+hold` in the simulator's screens; experimental, off by default: it won
-0.6-0.7x of the misses in the simulator and none live, docs/BENCHMARKS.md).
+network router, `+hold` in the simulator's screens; experimental, off by default: 0.61-0.94x
+laps-inflow's misses in the simulator, not shown live, docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is
 bound only when some instance has less than the hold of work ahead of it, to the instance the
 policy picks among those. "Ahead" is what the instance will run first: its short work and the
 long work smaller than this request, since every instance runs the least remaining first. So a
-long request smaller than everything pending goes at once (it would overtake that work anyway),
-and short requests are never held (they wait at most a chunk wherever they go). Holding every
-request, short ones and whatever was pending, cost light loads more than it won (simulated
-H200, docs/SIMULATION.md, "Late binding"). Ray Serve's request router binds late too, with its
+long request smaller than everything pending goes at once (it would overtake that work anyway).
+Short requests, and long ones no larger than the hold (about one step's work), are never held:
+they wait at most a step or two wherever they go. Holding every request on whatever was
+pending cost light loads more than it won, and holding requests just over the short threshold
+lost live on the CPU, where they are most of the long ones (docs/SIMULATION.md, "Late
+binding"). Ray Serve's request router binds late too, with its
 per-replica cap on ongoing requests. What it costs: a held request pays one more hop when it is
 released.
 

@@ -303,12 +303,14 @@ class HTTPRouter:
         return [0] * len(self.instances)
 
     def held_tokens(self, est: Estimate) -> int | None:
-        """With a hold: the new tokens a long request is held by (its fewest anywhere), or None
-        when it goes at once (no hold, or short: cluster/hold.py)."""
-        if self.hold is None or est.tokens <= self.threshold:
+        """With a hold: the new tokens a request is held by (its fewest anywhere), or None
+        when it goes at once (no hold, or no larger than the threshold or the hold:
+        cluster/hold.py)."""
+        least = max(self.threshold, self.hold_tokens)
+        if self.hold is None or est.tokens <= least:
             return None
         new = max(est.tokens - max(self.cached(est), default=0), 0)
-        return None if new <= self.threshold else new
+        return None if new <= least else new
 
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""

@@ -9,9 +9,9 @@ It measures what the policy needs: each instance's cached prefix of the prompt (
 prefix caches, nothing pinned) and its pending prefill work (predicted seconds of prefill
 routed to it and not done yet, partly done requests counted by what is left).
 
-With `hold_steps` it binds long requests late (cluster/hold.py): a long request waits here
-while every instance has that many full prefill steps of work ahead of it, and `submit`
-returns a handle that follows it to its instance once bound.
+With `hold_steps` it binds long requests late (cluster/hold.py): a long request larger than
+the hold waits here while every instance has that many full prefill steps of work ahead of it,
+and `submit` returns a handle that follows it to its instance once bound.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class Router:
         prompt = [int(t) for t in prompt]
         cached = cached_prefixes(prompt, self.d)
         new = len(prompt) - max(cached)
-        if self.hold is None or self.policy.is_short(new, max(cached)):
+        if (self.hold is None or self.policy.is_short(new, max(cached))
+                or self.cost(new, max(cached), False) <= self.hold_s):
             return self._bind(prompt, params, arrival_time, slo, request_id, cached)
         late = LateHandle()
         asyncio.ensure_future(self._bind_late(late, prompt, params, arrival_time, slo,

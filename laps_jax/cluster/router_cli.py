@@ -119,16 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
                          "0: paces are forgotten at once, as if pace were off)")
     ap.add_argument("--hold-tokens", type=float, default=0.0,
-                    help="(experimental) late binding of long requests: hold a request over "
-                         "the short threshold in the router while every instance has this "
-                         "many prefill tokens or more ahead of it (its short work and the "
-                         "router's smaller long requests there), and send it, fewest tokens "
-                         "first (aged), to the policy's pick among the instances with room; "
-                         "short requests go at once. About one long chunk "
-                         "(laps_long_chunk_tokens). Simulated H200: 0.46-0.70x the gateway's "
-                         "misses with laps-inflow, 0.69-0.89x without; live on 3 CPU "
-                         "instances not shown (1.04x without it over 4 rounds), hence off "
-                         "(default 0: send on arrival; docs/BENCHMARKS.md)")
+                    help="(experimental) late binding of long requests: hold a request of more "
+                         "than this many new tokens (and over the short threshold) in the "
+                         "router while every instance has this many prefill tokens or more "
+                         "ahead of it (its short work and the router's smaller long requests "
+                         "there), and send it, fewest tokens first (aged), to the policy's "
+                         "pick among the instances with room; smaller requests go at once. "
+                         "About one long chunk (laps_long_chunk_tokens). Simulated H200: "
+                         "0.42-0.71x the gateway's misses with laps-inflow, 0.69-0.89x "
+                         "without; not shown live on 3 CPU instances, hence off (default 0: "
+                         "send on arrival; docs/BENCHMARKS.md)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
