@@ -13,9 +13,8 @@ Short requests, and long ones no larger than the hold (about one step's work), a
 they wait at most a step or two wherever they go. Holding every request on whatever was
 pending cost light loads more than it won, and holding requests just over the short threshold
 lost live on the CPU, where they are most of the long ones (docs/SIMULATION.md, "Late
-binding"). Ray Serve's request router binds late too, with its
-per-replica cap on ongoing requests. What it costs: a held request pays one more hop when it is
-released.
+binding"). Ray Serve's request router binds late too, with its per-replica cap on ongoing
+requests. What it costs: a held request pays one more hop when it is released.
 
 The order among held requests: fewest new tokens first, each credited `aging` tokens per
 second held (the instances' pools order their work the same way). With TTFT targets that grow

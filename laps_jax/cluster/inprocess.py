@@ -110,9 +110,10 @@ class Router:
                request_id: str | None = None) -> RequestHandle:
         prompt = [int(t) for t in prompt]
         cached = cached_prefixes(prompt, self.d)
-        new = len(prompt) - max(cached)
-        if (self.hold is None or self.policy.is_short(new, max(cached))
-                or self.cost(new, max(cached), False) <= self.hold_s):
+        best = max(cached)
+        new = len(prompt) - best
+        if (self.hold is None or self.policy.is_short(new, best)
+                or self.cost(new, best, False) <= self.hold_s):
             return self._bind(prompt, params, arrival_time, slo, request_id, cached)
         late = LateHandle()
         asyncio.ensure_future(self._bind_late(late, prompt, params, arrival_time, slo,
