@@ -199,6 +199,11 @@ def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, 
                     fakes[a_on].release(tag)
                 assert fakes[1 - a_on].arrived[0] == "B" and \
                     not {"C", "D", "E"} & set(fakes[1 - a_on].arrived)
+                # C, D, E were held (the refused one was not), each for 50 ms at least
+                status = await (await s.get(url + "/router/status")).json()
+                assert status["held_total"] == 3 and status["held_seconds_total"] >= 0.15
+                metric = await (await s.get(url + "/metrics")).text()
+                assert "laps_router_held_total 3.0" in metric
             for f in fakes:
                 for tag in "ABCDEGS":
                     f.release(tag)
@@ -252,6 +257,7 @@ def test_router_py_refuses_bad_hold_values():
 
 def test_router_py_sends_on_arrival_unless_a_hold_is_given():
     from laps_jax.cluster.router_cli import build_parser, make_router
+    from laps_jax.cluster.upstream import BlockIndex
     one = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
     make = lambda *argv: make_router(build_parser().parse_args([*one, *argv]))  # noqa: E731
     r = make()  # the default policy, laps-inflow, binds on arrival (the hold is experimental)
@@ -264,6 +270,13 @@ def test_router_py_sends_on_arrival_unless_a_hold_is_given():
     est = lambda n: http_router.Estimate(list(range(1, n + 1)), n, True)  # noqa: E731
     assert h.held_tokens(est(9)) is None and h.held_tokens(est(300)) is None
     assert h.held_tokens(est(301)) == 301 and h.held_tokens(est(900)) == 900
+    # a turn whose history is cached on an instance at least as long as its new part goes at
+    # once (to its holder, as the policy weighs it); with more new than cached it is held
+    h.instances[0].blocks = BlockIndex(16)
+    h.remember(h.instances[0], est(800))
+    assert h.cached(est(1200)) == [800, 0]
+    assert h.held_tokens(est(1200)) is None and h.held_tokens(est(1600)) is None
+    assert h.held_tokens(est(1700)) == 900
 
 
 def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():

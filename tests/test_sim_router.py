@@ -185,20 +185,50 @@ def test_a_long_request_waits_in_the_router_while_each_instance_has_a_step_ahead
             waiting = not hs["X"].bound.done() if hold else None
             st = {k: await h.result() for k, h in hs.items()}
             where = {k: h.request.lane.executor.name.split("/")[0] for k, h in hs.items()}
+            held = r.metrics()["held"], r.metrics()["held_s"]
             await r.stop()
-            return st, where, waiting
+            return st, where, waiting, held
         return run_simulated(main())
 
-    st, where, waiting = run(1.0)
+    st, where, waiting, held = run(1.0)
     assert waiting
+    assert held[0] == 1 and held[1] == pytest.approx(st["X"].submitted)  # X alone waited
     assert all(st[k].submitted == st[k].arrival == 0.0 for k in "ABSY")
     step = MODEL.predict_prefill(GRID.max_chunk, 0)
     b_done = st["B"].prefill_done
     # sent once B's instance had under a step ahead of it: B's last chunk (Y ran first)
     assert b_done - 1.5 * step <= st["X"].submitted <= b_done
     assert where["X"] == where["B"] != where["A"]
-    st0, _, _ = run(0.0)
-    assert all(s.submitted == 0.0 for s in st0.values())
+    st0, _, _, held0 = run(0.0)
+    assert all(s.submitted == 0.0 for s in st0.values()) and held0 == (0, 0.0)
+
+
+def test_a_turn_whose_cached_history_outweighs_its_new_part_is_not_held():
+    """Both instances busy with smaller long prompts (a step or more ahead of any 500-token
+    request): a fresh 500-token prompt waits in the router, a follow-up turn with 500 new
+    tokens over a cached 900-token history is bound at once (its holder is where it belongs)."""
+    from laps_jax.cluster.inprocess import LateHandle
+
+    async def main():
+        clock = SimClock()
+        ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
+        r = Router(ds, RouterConfig(policy="least-load", affinity_ratio=None), clock,
+                   hold_steps=1.0)
+        await r.start()
+        p = SamplingParams(max_tokens=1)
+        history = _prompt(900, 7)
+        await r.submit(history, p).result()  # cached on its instance from now on
+        busy = [r.submit(_prompt(200, 20 + i), p) for i in range(6)]  # within a step
+        follow_up = r.submit(history + _prompt(500, 8), p)
+        fresh = r.submit(_prompt(500, 9), p)
+        late = isinstance(follow_up, LateHandle), isinstance(fresh, LateHandle)
+        for h in (*busy, follow_up, fresh):
+            await h.result()
+        await r.stop()
+        return late, r.metrics()["held"]
+
+    (follow_up_held, fresh_held), held = run_simulated(main())
+    assert fresh_held and not follow_up_held and held == 1
 
 
 def test_late_binding_misses_fewer_slos_on_an_overloaded_mix_of_long_prompts():
@@ -233,3 +263,27 @@ def test_late_binding_misses_fewer_slos_on_an_overloaded_mix_of_long_prompts():
         held = [burst(policy, 1.0, s) for s in range(5)]
         assert sum(m for m, _ in held) <= 0.8 * sum(m for m, _ in bound)
         assert sum(t for _, t in held) < 0.8 * sum(t for _, t in bound)
+
+
+def test_simulate_run_takes_a_held_policy_and_reports_what_it_held(tmp_path, capsys):
+    """`simulate.py run --policy NAME+hold` binds long requests late, as route-screen's
+    policies do, and its router reports how many it held; a misspelt NAME is a usage error
+    that names the policies, not a traceback."""
+    import json
+    from conftest import load_script
+    sim = load_script("simulate")
+    held = {}
+    for policy in ("laps-inflow", "laps-inflow+hold"):
+        out = tmp_path / f"{policy}.json"
+        args = sim.parse(["run", "--workload", "code-complete", "--instances", "2", "--load",
+                          "1.3", "--requests", "30", "--policy", policy, "--output", str(out)])
+        assert args.func(args) == 0
+        router = json.loads(out.read_text())["router"]
+        assert router["policy"] == "laps-inflow"
+        held[policy] = router["held"], router["held_s"]
+    capsys.readouterr()
+    assert held["laps-inflow"] == (0, 0.0)
+    assert held["laps-inflow+hold"][0] > 0 and held["laps-inflow+hold"][1] > 0
+    assert sim.main(["run", "--instances", "2", "--policy", "laps-inflo+hold"]) == 2
+    err = capsys.readouterr().err
+    assert "laps-inflo" in err and "laps-inflow" in err and "Traceback" not in err

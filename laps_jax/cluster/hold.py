@@ -1,7 +1,8 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
 network router, `+hold` in the simulator's screens; experimental, off by default: 0.61-0.94x
-laps-inflow's misses in the simulator, not shown live, docs/BENCHMARKS.md).
+laps-inflow's misses in the simulator; live 0.77x on overloaded code completion and 0.90x on
+overloaded code-chat, not yet run on the other members: docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is
@@ -10,10 +11,13 @@ policy picks among those. "Ahead" is what the instance will run first: its short
 long work smaller than this request, since every instance runs the least remaining first. So a
 long request smaller than everything pending goes at once (it would overtake that work anyway).
 Short requests, and long ones no larger than the hold (about one step's work), are never held:
-they wait at most a step or two wherever they go. Holding every request on whatever was
-pending cost light loads more than it won, and holding requests just over the short threshold
-lost live on the CPU, where they are most of the long ones (docs/SIMULATION.md, "Late
-binding"). Ray Serve's request router binds late too, with its per-replica cap on ongoing
+they wait at most a step or two wherever they go. Nor is a turn whose cached history is at least
+as long as its new part: its holder is where it belongs, as the policy weighs it, and sent
+wherever room opened first it would compute that history again (live on the CPU, holding such
+turns too lost code-chat: 1.07x laps-inflow's misses, 0.90x without them). Holding every request
+on whatever was pending cost light loads more than it won, and holding requests just over the
+short threshold lost live on the CPU, where they are most of the long ones (docs/SIMULATION.md,
+"Late binding"). Ray Serve's request router binds late too, with its per-replica cap on ongoing
 requests. What it costs: a held request pays one more hop when it is released.
 
 The order among held requests: fewest new tokens first, each credited `aging` tokens per
@@ -60,6 +64,8 @@ class HoldQueue:
         self.now, self.recheck_s = now, recheck_s
         self.held: list[Held] = []
         self.releasing = False  # one released request is being sent
+        self.held_total = 0  # requests that waited here, and the seconds the released ones did
+        self.held_s_total = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     def score(self, h: Held, now: float) -> float:
@@ -80,7 +86,10 @@ class HoldQueue:
         self.held.append(h)
         try:
             self.kick()
-            await h.released
+            if not h.released.done():  # it waits (not released at once)
+                self.held_total += 1
+                await h.released
+                self.held_s_total += self.now() - h.since
         except BaseException:  # the client went away (cancelled) while held or just released
             if h in self.held:
                 self.held.remove(h)

@@ -309,8 +309,9 @@ class HTTPRouter:
         least = max(self.threshold, self.hold_tokens)
         if self.hold is None or est.tokens <= least:
             return None
-        new = max(est.tokens - max(self.cached(est), default=0), 0)
-        return None if new <= least else new
+        best = max(self.cached(est), default=0)
+        new = max(est.tokens - best, 0)
+        return None if new <= least or best >= new else new
 
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""
@@ -342,6 +343,9 @@ class HTTPRouter:
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
+                "held_total": self.hold.held_total if self.hold is not None else 0,
+                "held_seconds_total": (round(self.hold.held_s_total, 3)
+                                       if self.hold is not None else 0.0),
                 "hold_tokens": self.hold_tokens,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,

@@ -112,7 +112,7 @@ class Router:
         cached = cached_prefixes(prompt, self.d)
         best = max(cached)
         new = len(prompt) - best
-        if (self.hold is None or self.policy.is_short(new, best)
+        if (self.hold is None or self.policy.is_short(new, best) or best >= new
                 or self.cost(new, best, False) <= self.hold_s):
             return self._bind(prompt, params, arrival_time, slo, request_id, cached)
         late = LateHandle()
@@ -231,6 +231,8 @@ class Router:
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "spill_s": self.spill_s, "groups": [list(g) for g in s.groups],
+                "held": self.hold.held_total if self.hold is not None else 0,
+                "held_s": self.hold.held_s_total if self.hold is not None else 0.0,
                 "instances": [d.metrics().to_dict() for d in self.d]}
 
 

@@ -124,11 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "router while every instance has this many prefill tokens or more "
                          "ahead of it (its short work and the router's smaller long requests "
                          "there), and send it, fewest tokens first (aged), to the policy's "
-                         "pick among the instances with room; smaller requests go at once. "
-                         "About one long chunk (laps_long_chunk_tokens). Simulated H200: "
-                         "0.42-0.71x the gateway's misses with laps-inflow, 0.69-0.89x "
-                         "without; not shown live on 3 CPU instances, hence off (default 0: "
-                         "send on arrival; docs/BENCHMARKS.md)")
+                         "pick among the instances with room; smaller requests, and turns "
+                         "whose cached history is at least their new part, go at once. About "
+                         "one long chunk (laps_long_chunk_tokens). Simulated H200: 0.42-0.72x "
+                         "the gateway's misses with laps-inflow, 0.69-0.89x without; live "
+                         "0.77-0.90x laps-inflow's on two overloaded members, not yet run on "
+                         "the others, hence off (default 0: send on arrival; "
+                         "docs/BENCHMARKS.md). /metrics counts the requests held and their "
+                         "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")

@@ -41,6 +41,13 @@ class _Instances:
                                 "Requests waiting in the router for an instance below the hold "
                                 "(--hold-tokens)",
                                 value=len(r.hold.held) if r.hold is not None else 0)
+        yield CounterMetricFamily("laps_router_held",
+                                  "Requests that waited in the router for an instance below the "
+                                  "hold (--hold-tokens)",
+                                  value=r.hold.held_total if r.hold is not None else 0)
+        yield CounterMetricFamily("laps_router_held_seconds",
+                                  "Seconds the released held requests waited in the router",
+                                  value=r.hold.held_s_total if r.hold is not None else 0.0)
 
 
 class RouterMetrics:

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 
-from laps_jax.cluster.inprocess import RouterConfig
 from laps_jax.sim import cli, plots, route_screen, screen, sweep, tables
 from laps_jax.sim.driver import simulate
 from laps_jax.sim.summary import summarize
@@ -38,7 +37,8 @@ def cmd_run(args) -> int:
     spec = cli.run_spec(args, inst)
     spec.instances, spec.concurrency = args.instances, args.concurrency
     spec.time_scale = args.time_scale
-    spec.router = RouterConfig(policy=args.policy) if args.instances > 1 else None
+    if args.instances > 1:  # NAME, or NAME+hold: long requests bound late (cluster/hold.py)
+        spec.router, spec.hold_steps = sweep.router_of(args.policy)
     source = cli.workload_sources(args, src)[args.workload]
     per = args.requests or (source.routed_requests if args.instances > 1 else source.requests)
     w = source.get(per * args.instances if args.max_requests is None else args.max_requests)
