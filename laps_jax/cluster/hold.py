@@ -1,8 +1,8 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
 network router, `+hold` in the simulator's screens; experimental, off by default: 0.61-0.94x
-laps-inflow's misses in the simulator; live 0.77x on overloaded code completion and 0.90x on
-overloaded code-chat, not yet run on the other members: docs/BENCHMARKS.md).
+laps-inflow's misses in the simulator; live 0.77x on overloaded code completion, within the
+machine's noise on code-chat, not engaged on four more members: docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is
@@ -13,12 +13,13 @@ long request smaller than everything pending goes at once (it would overtake tha
 Short requests, and long ones no larger than the hold (about one step's work), are never held:
 they wait at most a step or two wherever they go. Nor is a turn whose cached history is at least
 as long as its new part: its holder is where it belongs, as the policy weighs it, and sent
-wherever room opened first it would compute that history again (live on the CPU, holding such
-turns too lost code-chat: 1.07x laps-inflow's misses, 0.90x without them). Holding every request
-on whatever was pending cost light loads more than it won, and holding requests just over the
-short threshold lost live on the CPU, where they are most of the long ones (docs/SIMULATION.md,
-"Late binding"). Ray Serve's request router binds late too, with its per-replica cap on ongoing
-requests. What it costs: a held request pays one more hop when it is released.
+wherever room opened first it would compute that history again (holding such turns too did not
+gain live on code-chat: 0.97x, 1.04x, 1.16x and 1.07x laps-inflow's misses in four runs).
+Holding every request on whatever was pending cost light loads more than it won, and holding
+requests just over the short threshold lost live on the CPU, where they are most of the long
+ones (docs/SIMULATION.md, "Late binding"). Ray Serve's request router binds late too, with its
+per-replica cap on ongoing requests. What it costs: a held request pays one more hop when it is
+released.
 
 The order among held requests: fewest new tokens first, each credited `aging` tokens per
 second held (the instances' pools order their work the same way). With TTFT targets that grow

@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "whose cached history is at least their new part, go at once. About "
                          "one long chunk (laps_long_chunk_tokens). Simulated H200: 0.42-0.72x "
                          "the gateway's misses with laps-inflow, 0.69-0.89x without; live "
-                         "0.77-0.90x laps-inflow's on two overloaded members, not yet run on "
-                         "the others, hence off (default 0: send on arrival; "
+                         "0.77x laps-inflow's on overloaded code completion, within noise or "
+                         "not engaged on five other members, hence off (default 0: send on "
+                         "arrival; "
                          "docs/BENCHMARKS.md). /metrics counts the requests held and their "
                          "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
