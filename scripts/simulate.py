@@ -61,7 +61,8 @@ def parse(argv):
                    help=WORKLOADS + " (azure; with --trace: that file's format)")
     r.add_argument("--mode", default="laps", help=cli.MODE_HELP + " (laps)")
     r.add_argument("--instances", type=int, default=1, help="instances behind the router (1)")
-    r.add_argument("--policy", default="length-aware", help=cli.POLICY_HELP + "; NAME+hold binds long requests late "
+    r.add_argument("--policy", default="length-aware",
+                   help=cli.POLICY_HELP + "; NAME+hold binds long requests late "
                         "(cluster/hold.py; length-aware)")
     how = r.add_mutually_exclusive_group()
     how.add_argument("--load", type=float, default=0.7,

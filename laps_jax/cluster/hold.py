@@ -42,6 +42,12 @@ RECHECK_S = 0.05  # held requests are looked at again this often (also on every 
 AGING_TOKENS_PER_S = 1000.0  # a held request's credit per second held (both routers')
 
 
+def held_counts(q: "HoldQueue | None") -> tuple[int, float]:
+    """Requests that waited in `q` so far and the seconds the released ones waited ((0, 0.0)
+    without a hold): what both routers report."""
+    return (q.held_total, q.held_s_total) if q is not None else (0, 0.0)
+
+
 class HoldFull(Exception):
     """`max_held` requests are held already (the router answers 503 with Retry-After)."""
 

@@ -55,7 +55,8 @@ import aiohttp
 from aiohttp import web
 
 from laps_jax.cluster.failover import route
-from laps_jax.cluster.hold import AGING_TOKENS_PER_S as HOLD_AGING_TOKENS_PER_S, HoldQueue
+from laps_jax.cluster.hold import (AGING_TOKENS_PER_S as HOLD_AGING_TOKENS_PER_S, HoldQueue,
+                                   held_counts)
 from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import LAPS, Choice, RouterConfig, RoutingPolicy
@@ -343,9 +344,8 @@ class HTTPRouter:
                 "threshold_from": "--threshold" if self.fixed_threshold is not None else
                 "instances", "healthy": sum(i.healthy for i in self.instances),
                 "held": len(self.hold.held) if self.hold is not None else 0,
-                "held_total": self.hold.held_total if self.hold is not None else 0,
-                "held_seconds_total": (round(self.hold.held_s_total, 3)
-                                       if self.hold is not None else 0.0),
+                "held_total": held_counts(self.hold)[0],
+                "held_seconds_total": round(held_counts(self.hold)[1], 3),
                 "hold_tokens": self.hold_tokens,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,

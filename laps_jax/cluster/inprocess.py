@@ -20,7 +20,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence as Seq
 
-from laps_jax.cluster.hold import AGING_TOKENS_PER_S, HoldQueue
+from laps_jax.cluster.hold import AGING_TOKENS_PER_S, HoldQueue, held_counts
 from laps_jax.cluster.policy import POLICIES, RouterConfig, RoutingPolicy
 from laps_jax.engine.kv_cache import block_hash
 from laps_jax.engine.sequence import SamplingParams
@@ -231,8 +231,7 @@ class Router:
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "spill_s": self.spill_s, "groups": [list(g) for g in s.groups],
-                "held": self.hold.held_total if self.hold is not None else 0,
-                "held_s": self.hold.held_s_total if self.hold is not None else 0.0,
+                "held": held_counts(self.hold)[0], "held_s": held_counts(self.hold)[1],
                 "instances": [d.metrics().to_dict() for d in self.d]}
 
 

@@ -130,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "the gateway's misses with laps-inflow, 0.69-0.89x without; live "
                          "0.77x laps-inflow's on overloaded code completion, within noise or "
                          "not engaged on five other members, hence off (default 0: send on "
-                         "arrival; "
-                         "docs/BENCHMARKS.md). /metrics counts the requests held and their "
+                         "arrival; docs/BENCHMARKS.md). /metrics counts the requests held and their "
                          "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")

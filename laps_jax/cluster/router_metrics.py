@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from laps_jax.cluster.hold import held_counts
 
 
 class _Instances:
@@ -44,10 +45,10 @@ class _Instances:
         yield CounterMetricFamily("laps_router_held",
                                   "Requests that waited in the router for an instance below the "
                                   "hold (--hold-tokens)",
-                                  value=r.hold.held_total if r.hold is not None else 0)
+                                  value=held_counts(r.hold)[0])
         yield CounterMetricFamily("laps_router_held_seconds",
                                   "Seconds the released held requests waited in the router",
-                                  value=r.hold.held_s_total if r.hold is not None else 0.0)
+                                  value=held_counts(r.hold)[1])
 
 
 class RouterMetrics:
