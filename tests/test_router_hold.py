@@ -279,6 +279,39 @@ def test_router_py_sends_on_arrival_unless_a_hold_is_given():
     assert h.held_tokens(est(1700)) == 900
 
 
+def test_an_auto_hold_is_each_instances_own_long_chunk():
+    """`--hold-tokens auto`: an instance is full at the long chunk it reports, and a request is
+    held only when larger than the smallest such chunk (the fallback until one reports)."""
+    from laps_jax.cluster.router_cli import build_parser, make_router
+    one = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
+    r = make_router(build_parser().parse_args([*one, "--hold-tokens", "auto", "--threshold",
+                                               "10"]))
+    est = lambda n: http_router.Estimate(list(range(1, n + 1)), n, True)  # noqa: E731
+    for i in r.instances:
+        i.state = "ok"
+    assert r.hold is not None and r.status()["hold_from"] == "instances"
+    assert r.hold_size() == http_router.FALLBACK_CHUNK  # nothing reported yet
+    r.instances[0].report = parse_metrics("laps_long_chunk_tokens 256.0\n")
+    r.instances[1].report = parse_metrics("laps_long_chunk_tokens 512.0\n")
+    assert r.status()["hold_tokens"] == 256.0
+    assert r.held_tokens(est(256)) is None and r.held_tokens(est(257)) == 257
+    for i in r.instances:
+        i.load.sent(300, 1.0, short=True)
+    # 300 ahead is over the first's chunk, not the second's: the request may go, not to the first
+    assert r.can_send(1000) and r.held_back(1000) == {0}
+    r.instances[1].load.sent(300, 1.0, short=True)
+    assert not r.can_send(1000) and r.held_back(1000) == set()
+    r.instances[0].state = "down"  # a sick instance's chunk no longer sizes the hold
+    assert r.hold_size() == 512.0 and r.held_tokens(est(400)) is None
+    # a fixed --long-chunk-tokens is every instance's chunk, so the hold too
+    fixed = make_router(build_parser().parse_args([*one, "--hold-tokens", "auto",
+                                                   "--long-chunk-tokens", "128"]))
+    assert fixed.hold_size() == 128.0 and fixed.hold_at(fixed.instances[1]) == 128.0
+    assert make_router(build_parser().parse_args(one)).status()["hold_from"] is None
+    with pytest.raises(SystemExit):  # neither 'auto' nor a number: argparse's usage error
+        build_parser().parse_args([*one, "--hold-tokens", "some"])
+
+
 def test_work_ahead_of_a_long_request_leaves_out_larger_long_work():
     from laps_jax.cluster.upstream import LoadBook
     b = LoadBook()

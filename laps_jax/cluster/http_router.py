@@ -36,7 +36,8 @@ and HTTP runner (auth, size limit, parser errors). By default it never queues: a
 instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
 with Retry-After. With `hold_tokens` (late binding of long requests, experimental:
 cluster/hold.py) a long request waits in the router while every available instance has that
-much prefill ahead of it (short work and smaller long work), at most `max_inflight` x
+much prefill ahead of it (short work and smaller long work; None: each instance's own long
+chunk), at most `max_inflight` x
 instances of them (then 503 with Retry-After), and then goes to the policy's pick among the
 instances below the hold. A request whose instance fails goes on at another (failover.py):
 sent again if nothing reached the client yet, a stream resumed from the tokens the client has.
@@ -145,7 +146,7 @@ class HTTPRouter:
                  instance_api_key: str | None = None, decode_step_tokens: float | None = 0.0,
                  decode_seq_tokens: float = 0.0, long_chunk_tokens: float | None = None,
                  pace_weight: float = 0.0, pace_forget_s: float = FORGET_S,
-                 hold_tokens: float = 0.0):
+                 hold_tokens: float | None = 0.0):
         if not urls:
             raise ValueError("a router needs at least one instance")
         config = config or RouterConfig()
@@ -164,11 +165,11 @@ class HTTPRouter:
         self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
         # late binding of long requests (cluster/hold.py, experimental): one waits in the
-        # router while every instance has `hold_tokens` of prefill ahead of it (0: never, they
-        # go on arrival)
+        # router while every instance has `hold_tokens` of prefill ahead of it (None: each
+        # instance's long chunk, `long_chunk`; 0: never, they go on arrival)
         self.hold_tokens = hold_tokens
         self.hold = (HoldQueue(self.can_send, HOLD_AGING_TOKENS_PER_S,
-                               max_inflight * len(urls)) if hold_tokens else None)
+                               max_inflight * len(urls)) if hold_tokens != 0 else None)
         self.upstream_headers = ({"Authorization": f"Bearer {instance_api_key}"}
                                  if instance_api_key else {})
         self.session: aiohttp.ClientSession | None = None
@@ -236,11 +237,27 @@ class HTTPRouter:
         i = self.instances[k]
         return i.healthy and len(i.inflight) < self.max_inflight
 
+    def hold_at(self, inst: Instance) -> float:
+        """The hold at `inst`: `hold_tokens`, or with None its long chunk (`long_chunk`)."""
+        return self.long_chunk(inst) if self.hold_tokens is None else self.hold_tokens
+
+    def hold_size(self) -> float:
+        """The hold a request must be larger than to be held: `hold_tokens`, or with None the
+        smallest long chunk of the healthy instances (`long_chunk`: FALLBACK_CHUNK while none
+        reports one)."""
+        if self.hold_tokens is not None:
+            return self.hold_tokens
+        if self.fixed_chunk is not None:
+            return float(self.fixed_chunk)
+        return min((self.long_chunk(i) for i in self.instances if i.healthy),
+                   default=FALLBACK_CHUNK)
+
     def _over_hold(self, tokens: int) -> tuple[set[int], set[int]]:
-        """The available instances, and of them those with the hold or more of work ahead of
-        a long request of `tokens` new tokens."""
+        """The available instances, and of them those with their hold or more of work ahead
+        of a long request of `tokens` new tokens."""
         ks = {k for k in range(len(self.instances)) if self.available(k)}
-        return ks, {k for k in ks if self.instances[k].load.ahead(tokens) >= self.hold_tokens}
+        return ks, {k for k in ks
+                    if self.instances[k].load.ahead(tokens) >= self.hold_at(self.instances[k])}
 
     def can_send(self, tokens: int) -> bool:
         """With a hold: some available instance has less than it ahead of the request, or
@@ -307,8 +324,10 @@ class HTTPRouter:
         """With a hold: the new tokens a request is held by (its fewest anywhere), or None
         when it goes at once (no hold, or no larger than the threshold or the hold:
         cluster/hold.py)."""
-        least = max(self.threshold, self.hold_tokens)
-        if self.hold is None or est.tokens <= least:
+        if self.hold is None:
+            return None
+        least = max(self.threshold, self.hold_size())
+        if est.tokens <= least:
             return None
         best = max(self.cached(est), default=0)
         new = max(est.tokens - best, 0)
@@ -346,7 +365,9 @@ class HTTPRouter:
                 "held": len(self.hold.held) if self.hold is not None else 0,
                 "held_total": held_counts(self.hold)[0],
                 "held_seconds_total": round(held_counts(self.hold)[1], 3),
-                "hold_tokens": self.hold_tokens,
+                "hold_tokens": self.hold_size() if self.hold is not None else 0,
+                "hold_from": ("instances" if self.hold_tokens is None else "--hold-tokens")
+                if self.hold is not None else None,
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "group_sizes": [list(g) for g in s.groups[-20:]],

@@ -20,6 +20,12 @@ from laps_jax.server import pd_secret
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
+def hold_tokens(text: str) -> float | None:
+    """`--hold-tokens`: 'auto' (None: each instance's long chunk) or a number of tokens
+    (checked in `make_router`, so a bad value is a ValueError there as the other flags')."""
+    return None if text.strip().lower() == "auto" else float(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description="One OpenAI-compatible endpoint (the API of serve.py: /v1/completions, "
@@ -118,15 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
                          f"looked slow and got no work since is not shunned for good (default "
                          f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
                          "0: paces are forgotten at once, as if pace were off)")
-    ap.add_argument("--hold-tokens", type=float, default=0.0,
+    ap.add_argument("--hold-tokens", type=hold_tokens, default=0.0,
                     help="(experimental) late binding of long requests: hold a request of more "
                          "than this many new tokens (and over the short threshold) in the "
                          "router while every instance has this many prefill tokens or more "
                          "ahead of it (its short work and the router's smaller long requests "
                          "there), and send it, fewest tokens first (aged), to the policy's "
                          "pick among the instances with room; smaller requests, and turns "
-                         "whose cached history is at least their new part, go at once. About "
-                         "one long chunk (laps_long_chunk_tokens). Simulated H200: 0.42-0.72x "
+                         "whose cached history is at least their new part, go at once. 'auto': "
+                         "each instance's long chunk (laps_long_chunk_tokens, or "
+                         "--long-chunk-tokens), the hold the simulator screened. Simulated H200: 0.42-0.72x "
                          "the gateway's misses with laps-inflow, 0.69-0.89x without; live "
                          "0.77x laps-inflow's on overloaded code completion, within noise or "
                          "not engaged on five other members, hence off (default 0: send on "
@@ -168,9 +175,11 @@ def make_router(args):
         raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
     if not (args.pace_forget_s >= 0 and math.isfinite(args.pace_forget_s)):
         raise ValueError(f"--pace-forget-s must be a finite number >= 0, got {args.pace_forget_s}")
-    if not (args.hold_tokens >= 0 and math.isfinite(args.hold_tokens)):
-        raise ValueError(f"--hold-tokens must be a finite number >= 0, got {args.hold_tokens}")
-    if args.hold_tokens and args.prefill:
+    if args.hold_tokens is not None and not (args.hold_tokens >= 0
+                                             and math.isfinite(args.hold_tokens)):
+        raise ValueError(f"--hold-tokens must be 'auto' or a finite number >= 0, "
+                         f"got {args.hold_tokens}")
+    if args.hold_tokens != 0 and args.prefill:
         raise ValueError("--hold-tokens applies to --instance routing, not --prefill/--decode")
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
