@@ -37,6 +37,7 @@ from laps_jax.bench.load_groups import load_markdown
 from laps_jax.bench import router_procs as rp
 from laps_jax.bench import routers as rb
 from laps_jax.bench.isolated import measure as measure_isolated
+from laps_jax.bench.order import round_order
 from laps_jax.workload.load import FORMATS, add_trace_args, load, trace_options_from_args
 from laps_jax.workload.sampling import is_fraction
 
@@ -83,7 +84,7 @@ def parse_args(argv):
     ap.add_argument("--block", type=int, default=0, metavar="N",
                     help="cut each open-loop trace into consecutive blocks of N requests and "
                          "run every router over a block before the next block starts (the "
-                         "order rotating each block); each block is a pair in routers.json's "
+                         "order changing each block: bench/order.py); each block is a pair in routers.json's "
                          "rounds, so routers are compared a minute apart rather than a round "
                          "apart on a machine whose speed drifts; a sessions trace still "
                          "replays whole (default 0: whole replays)")
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     block_no = b + 1 if len(blocks) > 1 else 0  # 0: the trace replays whole
                     say(f"round {r + 1}/{args.rounds}, {name}"
                         + (f", block {block_no}/{len(blocks)}" if block_no else ""))
-                    order = rb.rotated(args.routers, r * len(blocks) + b)
+                    order = round_order(args.routers, r * len(blocks) + b)
                     tag = rb.round_tag(name, r + 1, block_no)
                     rounds[name].append(rb.run_round(part, instances, order, args.slo_ms,
                                                      args.short_threshold, logs, say, tag=tag,

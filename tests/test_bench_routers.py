@@ -145,7 +145,7 @@ def test_summary_medians_ranges_and_median_of_ratios():
     assert only_ours["ratios"] == {}
 
 
-def test_router_specs_commands_and_rotation():
+def test_router_specs_and_their_commands():
     assert rp.RouterSpec.parse("laps") == rp.RouterSpec("laps", "laps")
     smg = rp.RouterSpec.parse("smg:cache_aware")
     assert (smg.name, smg.api) == ("smg:cache_aware", "sglang")
@@ -161,7 +161,6 @@ def test_router_specs_commands_and_rotation():
     for bad in ("nginx:x", "smg:", "", "laps --decode-step-tokens 0", "x=", "x=nginx:y"):
         with pytest.raises(ValueError):
             rp.RouterSpec.parse(bad)
-    assert rb.rotated([1, 2, 3], 4) == [2, 3, 1] and rb.rotated([], 2) == []
 
 
 def test_sglang_stream_chunks_read_as_new_tokens():

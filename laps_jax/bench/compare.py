@@ -34,6 +34,7 @@ from laps_jax.sim.summary import summarize_requests
 from laps_jax.bench.replay import (OpenRequest, natural_rate, open_requests, replay_open,
                                        replay_sessions, session_arrivals)
 from laps_jax.bench.loads import describe, regime
+from laps_jax.bench.order import round_order
 from laps_jax.bench.variants import Variant, apply
 from laps_jax.scheduler.window import WindowConfig
 from laps_jax.workload.load import load as load_trace
@@ -156,19 +157,6 @@ def _capacity_work(work, n: int) -> list[OpenRequest]:
     return [OpenRequest(f"{s.session_id}/{k}", 0.0, s.new_input_ids(k, work.token_space),
                         max(1, s.turns[k].output_tokens), s.turns[k].new_input_tokens)
             for _, s, k in turns]
-
-
-def round_order(modes: list[str], rnd: int) -> list[str]:
-    """The order of the modes in round `rnd` (from 0): each odd round reverses the round
-    before it, so a drift in the machine's speed within a pair of rounds hits every mode alike,
-    and each pair starts one rotation further on, so no mode keeps one position -- with three
-    modes, plain reversal left the middle one in the middle every round (in an A/A run two
-    settings that made identical decisions differed 20% on mean prefill over 8 rounds, one of
-    them in the middle every round: noise or position, a fair order rules out the second).
-    Three modes: all six orders every six rounds."""
-    k = (rnd // 2) % max(1, len(modes))
-    rotated = list(modes[k:]) + list(modes[:k])
-    return rotated if rnd % 2 == 0 else rotated[::-1]
 
 
 def measure_capacity(burst: Callable[[], tuple], repeats: int) -> list[float]:

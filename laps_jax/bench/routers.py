@@ -12,8 +12,9 @@ Routers: ours (`scripts/router.py --policy P`; any policy it knows) and the SGLa
 Gateway (`smg launch --policy P`). Through smg the replay speaks SGLang's `/generate` with
 token ids (smg's `/v1/completions` takes string prompts only); through ours, OpenAI's
 `/v1/completions` with token ids; the instances run the same engine path for both.
-The order of routers rotates every round so a drifting machine does not always favour the
-same one. Figures: `workload.http_compare.mode_row`, with the SLO of each request `scale` x its
+The order of routers changes every round (`order.round_order`: each odd round reverses the
+one before, each pair starts one rotation on) so neither a drifting machine nor what one replay
+leaves for the next always favours the same one. Figures: `workload.http_compare.mode_row`, with the SLO of each request `scale` x its
 measured isolated TTFT as in the simulator (`isolated.py`), and beside it the share over one
 fixed TTFT target (failures count as violations of both), and the violations by new-token band
 (`bands.py`: which requests a router wins or loses); `summarize` gives each figure's median and
@@ -208,11 +209,6 @@ def failure_counts(requests, most: int = 5) -> dict[str, int]:
     """The commonest client-side errors of a replay's failed requests, with their counts."""
     return dict(collections.Counter(r.error or "unknown" for r in requests
                                     if not r.ok).most_common(most))
-
-
-def rotated(routers: list, k: int) -> list:
-    k %= max(len(routers), 1)
-    return routers[k:] + routers[:k]
 
 
 def summarize(rounds: list[dict[str, dict]]) -> dict:
