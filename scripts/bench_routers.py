@@ -84,10 +84,10 @@ def parse_args(argv):
     ap.add_argument("--block", type=int, default=0, metavar="N",
                     help="cut each open-loop trace into consecutive blocks of N requests and "
                          "run every router over a block before the next block starts (the "
-                         "order changing each block: bench/order.py); each block is a pair in routers.json's "
-                         "rounds, so routers are compared a minute apart rather than a round "
-                         "apart on a machine whose speed drifts; a sessions trace still "
-                         "replays whole (default 0: whole replays)")
+                         "order changing each block: bench/order.py); each block is a pair in "
+                         "routers.json's rounds, so routers are compared a minute apart "
+                         "rather than a round apart on a machine whose speed drifts; a "
+                         "sessions trace still replays whole (default 0: whole replays)")
     ap.add_argument("--instances", type=int, default=3, help="serve.py instances (default 3)")
     ap.add_argument("--model", default="bench-cpu", help="model of every instance (default "
                     "bench-cpu)")

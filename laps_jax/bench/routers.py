@@ -13,9 +13,10 @@ Gateway (`smg launch --policy P`). Through smg the replay speaks SGLang's `/gene
 token ids (smg's `/v1/completions` takes string prompts only); through ours, OpenAI's
 `/v1/completions` with token ids; the instances run the same engine path for both.
 The order of routers changes every round (`order.round_order`: each odd round reverses the
-one before, each pair starts one rotation on) so neither a drifting machine nor what one replay
-leaves for the next always favours the same one. Figures: `workload.http_compare.mode_row`, with the SLO of each request `scale` x its
-measured isolated TTFT as in the simulator (`isolated.py`), and beside it the share over one
+one before, each pair starts one rotation on) so neither a drifting machine nor what one
+replay leaves for the next always favours the same one. Figures:
+`workload.http_compare.mode_row`, with the SLO of each request `scale` x its measured isolated
+TTFT as in the simulator (`isolated.py`), and beside it the share over one
 fixed TTFT target (failures count as violations of both), and the violations by new-token band
 (`bands.py`: which requests a router wins or loses); `summarize` gives each figure's median and
 range over rounds, the median of per-round ratios against the reference routers, and the

@@ -37,10 +37,10 @@ instance can take (all unhealthy, or each at `max_inflight` requests from this r
 with Retry-After. With `hold_tokens` (late binding of long requests, experimental:
 cluster/hold.py) a long request waits in the router while every available instance has that
 much prefill ahead of it (short work and smaller long work; None: each instance's own long
-chunk), at most `max_inflight` x
-instances of them (then 503 with Retry-After), and then goes to the policy's pick among the
-instances below the hold. A request whose instance fails goes on at another (failover.py):
-sent again if nothing reached the client yet, a stream resumed from the tokens the client has.
+chunk), at most `max_inflight` x instances of them (then 503 with Retry-After), and then goes
+to the policy's pick among the instances below the hold. A request whose instance fails goes
+on at another (failover.py): sent again if nothing reached the client yet, a stream resumed
+from the tokens the client has.
 """
 
 from __future__ import annotations
@@ -366,8 +366,8 @@ class HTTPRouter:
                 "held_total": held_counts(self.hold)[0],
                 "held_seconds_total": round(held_counts(self.hold)[1], 3),
                 "hold_tokens": self.hold_size() if self.hold is not None else 0,
-                "hold_from": ("instances" if self.hold_tokens is None else "--hold-tokens")
-                if self.hold is not None else None,
+                "hold_from": None if self.hold is None else
+                "instances" if self.hold_tokens is None else "--hold-tokens",
                 "by_affinity": s.by_affinity, "spilled": s.spilled, "moves": s.moves,
                 "behind": s.behind,
                 "group_sizes": [list(g) for g in s.groups[-20:]],
