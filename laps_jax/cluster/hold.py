@@ -1,9 +1,8 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
 network router, `+hold` in the simulator's screens; experimental, off by default: 0.61-0.94x
-laps-inflow's misses in the simulator; live on two CPU instances 0.95x on overloaded code
-completion over 23 rounds, within the 1.07x laps-inflow showed against itself, level on
-code-chat, not engaged on four more members: docs/BENCHMARKS.md).
+laps-inflow's misses in the simulator; live on two CPU instances 0.87x on overloaded code
+completion over 24 rounds, level at lighter loads and on code-chat: docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is

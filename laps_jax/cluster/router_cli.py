@@ -135,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "each instance's long chunk (laps_long_chunk_tokens, or "
                          "--long-chunk-tokens), the hold the simulator screened. Simulated H200: "
                          "0.42-0.72x the gateway's misses with laps-inflow, 0.69-0.89x "
-                         "without; live on two CPU instances 0.95x laps-inflow's on overloaded "
-                         "code completion (23 rounds; laps-inflow against itself: 1.07x), "
-                         "level on code-chat, hence off (default 0: send on arrival; "
+                         "without; live on two CPU instances 0.87x laps-inflow's on overloaded "
+                         "code completion (24 rounds), level at lighter loads and on "
+                         "code-chat; not yet the default (default 0: send on arrival; "
                          "docs/BENCHMARKS.md). /metrics counts the requests held and their "
                          "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
