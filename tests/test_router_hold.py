@@ -255,14 +255,23 @@ def test_router_py_refuses_bad_hold_values():
         make_router(args)
 
 
-def test_router_py_sends_on_arrival_unless_a_hold_is_given():
+def test_router_py_holds_by_each_instances_chunk_unless_told_not_to():
     from laps_jax.cluster.router_cli import build_parser, make_router
     from laps_jax.cluster.upstream import BlockIndex
     one = ["--instance", "http://127.0.0.1:9000", "--instance", "http://127.0.0.1:9001"]
     make = lambda *argv: make_router(build_parser().parse_args([*one, *argv]))  # noqa: E731
-    r = make()  # the default policy, laps-inflow, binds on arrival (the hold is experimental)
-    assert r.config.policy == "laps-inflow" and r.hold is None
-    assert r.held_tokens(http_router.Estimate(list(range(900)), 900, True)) is None
+    r = make()  # the default: laps-inflow, long requests bound late by the instances' chunk
+    assert r.config.policy == "laps-inflow" and r.hold is not None
+    assert r.status()["hold_from"] == "instances"
+    off = make("--hold-tokens", "0")  # bound on arrival
+    assert off.hold is None and off.status()["hold_from"] is None
+    for baseline in ("round-robin", "least-load", "prefix", "bucket", "laps"):  # as screened
+        assert make("--policy", baseline).hold is None
+    assert off.held_tokens(http_router.Estimate(list(range(900)), 900, True)) is None
+    split = make_router(build_parser().parse_args(  # the prefill/decode split: never held
+        ["--prefill", "http://127.0.0.1:9000", "--decode", "http://127.0.0.1:9001",
+         "--pd-secret-file", __file__]))
+    assert split.hold is None
     for policy in ("laps-inflow", "round-robin", "prefix"):
         h = make("--policy", policy, "--hold-tokens", "300", "--threshold", "10")
         assert h.hold is not None and h.status()["hold_tokens"] == 300.0
@@ -307,7 +316,8 @@ def test_an_auto_hold_is_each_instances_own_long_chunk():
     fixed = make_router(build_parser().parse_args([*one, "--hold-tokens", "auto",
                                                    "--long-chunk-tokens", "128"]))
     assert fixed.hold_size() == 128.0 and fixed.hold_at(fixed.instances[1]) == 128.0
-    assert make_router(build_parser().parse_args(one)).status()["hold_from"] is None
+    assert make_router(build_parser().parse_args([*one, "--hold-tokens", "0"])).status()[
+        "hold_from"] is None
     with pytest.raises(SystemExit):  # neither 'auto' nor a number: argparse's usage error
         build_parser().parse_args([*one, "--hold-tokens", "some"])
 

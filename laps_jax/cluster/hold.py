@@ -1,6 +1,6 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
-network router, `+hold` in the simulator's screens; experimental, off by default: 0.61-0.94x
+network router, on by default with laps-inflow; `+hold` in the simulator's screens: 0.61-0.94x
 laps-inflow's misses in the simulator; live on two CPU instances 0.87x on overloaded code
 completion over 24 rounds, level at lighter loads and on code-chat: docs/BENCHMARKS.md).
 

@@ -34,7 +34,7 @@ request is for the instance to judge, and its 4xx answer is passed through as it
 read the same as serve.py's. Errors of the router itself are JSON by serve.py's own middleware
 and HTTP runner (auth, size limit, parser errors). By default it never queues: a request no
 instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
-with Retry-After. With `hold_tokens` (late binding of long requests, experimental:
+with Retry-After. With `hold_tokens` (late binding of long requests, router.py's default with laps-inflow:
 cluster/hold.py) a long request waits in the router while every available instance has that
 much prefill ahead of it (short work and smaller long work; None: each instance's own long
 chunk), at most `max_inflight` x instances of them (then 503 with Retry-After), and then goes
@@ -164,7 +164,7 @@ class HTTPRouter:
         self.decode_step_tokens = decode_step_tokens  # None: the threshold; 0: not counted
         self.decode_seq_tokens = decode_seq_tokens  # more per decoding sequence (0: not)
         self.fixed_chunk = long_chunk_tokens  # given: every instance's, whatever they report
-        # late binding of long requests (cluster/hold.py, experimental): one waits in the
+        # late binding of long requests (cluster/hold.py): one waits in the
         # router while every instance has `hold_tokens` of prefill ahead of it (None: each
         # instance's long chunk, `long_chunk`; 0: never, they go on arrival)
         self.hold_tokens = hold_tokens

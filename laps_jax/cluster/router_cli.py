@@ -20,10 +20,13 @@ from laps_jax.server import pd_secret
 AFFINITY_POLICIES = ("round-robin", "least-load", "length-aware")  # follow history by a rule
 
 
-def hold_tokens(text: str) -> float | None:
-    """`--hold-tokens`: 'auto' (None: each instance's long chunk) or a number of tokens
-    (checked in `make_router`, so a bad value is a ValueError there as the other flags')."""
-    return None if text.strip().lower() == "auto" else float(text)
+AUTO = "auto"
+
+
+def hold_tokens(text: str) -> float | str:
+    """`--hold-tokens`: AUTO (each instance's long chunk) or a number of tokens (checked in
+    `make_router`, so a bad value is a ValueError there as the other flags')."""
+    return AUTO if text.strip().lower() == AUTO else float(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "pace measured on streamed requests; until one is measured it "
                          "takes laps-adaptive's switch instead), and a short request priced at the short "
                          "work ahead of it, no long chunk, once every instance has short "
-                         "work pending; the best worst case on the simulated "
-                         "trace family (docs/SIMULATION.md). laps-adaptive: laps, and once "
+                         "work pending, and long requests held in the router until an "
+                         "instance has room (--hold-tokens auto); the best worst case on the "
+                         "simulated trace family (docs/SIMULATION.md). laps-adaptive: laps, and once "
                          "every instance is three long chunks behind, the fewest requests in "
                          "flight (or the holder of most of the prompt). laps: the instance "
                          "where the request's prefill is predicted to finish first (the "
@@ -124,21 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
                          f"looked slow and got no work since is not shunned for good (default "
                          f"{FORGET_S:g}; 0.5 and 6 were level with it on Azure, docs/BENCHMARKS.md "
                          "0: paces are forgotten at once, as if pace were off)")
-    ap.add_argument("--hold-tokens", type=hold_tokens, default=0.0,
-                    help="(experimental) late binding of long requests: hold a request of more "
-                         "than this many new tokens (and over the short threshold) in the "
-                         "router while every instance has this many prefill tokens or more "
-                         "ahead of it (its short work and the router's smaller long requests "
-                         "there), and send it, fewest tokens first (aged), to the policy's "
-                         "pick among the instances with room; smaller requests, and turns "
-                         "whose cached history is at least their new part, go at once. 'auto': "
-                         "each instance's long chunk (laps_long_chunk_tokens, or "
-                         "--long-chunk-tokens), the hold the simulator screened. Simulated H200: "
-                         "0.42-0.72x the gateway's misses with laps-inflow, 0.69-0.89x "
-                         "without; live on two CPU instances 0.87x laps-inflow's on overloaded "
-                         "code completion (24 rounds), level at lighter loads and on "
-                         "code-chat; not yet the default (default 0: send on arrival; "
-                         "docs/BENCHMARKS.md). /metrics counts the requests held and their "
+    ap.add_argument("--hold-tokens", type=hold_tokens, default=None,
+                    help="late binding of long requests: hold a request of more than this "
+                         "many new tokens (and over the short threshold) in the router while "
+                         "every instance has this many prefill tokens or more ahead of it (its "
+                         "short work and the router's smaller long requests there), and send "
+                         "it, fewest tokens first (aged), to the policy's pick among the "
+                         "instances with room; smaller requests, and turns whose cached "
+                         "history is at least their new part, go at once. 'auto': each "
+                         "instance's long chunk (laps_long_chunk_tokens, or "
+                         "--long-chunk-tokens), as the simulator screened it; 0: send every "
+                         "request on arrival. Default: auto with laps-inflow, 0 with the other "
+                         "policies and with --prefill/--decode. Simulated H200: 0.42-0.72x the "
+                         "gateway's misses with laps-inflow, 0.69-0.89x without; live on two "
+                         "CPU instances 0.87x laps-inflow's without on overloaded code "
+                         "completion (24 rounds), level at lighter loads and on code-chat "
+                         "(docs/BENCHMARKS.md). /metrics counts the requests held and their "
                          "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
@@ -176,11 +181,12 @@ def make_router(args):
         raise ValueError(f"--pace-weight must be 0 (off) or in (0, 1], got {args.pace_weight}")
     if not (args.pace_forget_s >= 0 and math.isfinite(args.pace_forget_s)):
         raise ValueError(f"--pace-forget-s must be a finite number >= 0, got {args.pace_forget_s}")
-    if args.hold_tokens is not None and not (args.hold_tokens >= 0
-                                             and math.isfinite(args.hold_tokens)):
-        raise ValueError(f"--hold-tokens must be 'auto' or a finite number >= 0, "
-                         f"got {args.hold_tokens}")
-    if args.hold_tokens != 0 and args.prefill:
+    hold = args.hold_tokens  # not given: laps-inflow's long requests bound late, by AUTO
+    if hold is None:
+        hold = AUTO if args.policy == "laps-inflow" and not args.prefill else 0.0
+    if hold != AUTO and not (hold >= 0 and math.isfinite(hold)):
+        raise ValueError(f"--hold-tokens must be 'auto' or a finite number >= 0, got {hold}")
+    if hold != 0 and args.prefill:
         raise ValueError("--hold-tokens applies to --instance routing, not --prefill/--decode")
     if args.long_chunk_tokens is not None and args.long_chunk_tokens < 1:
         raise ValueError(f"--long-chunk-tokens must be >= 1, got {args.long_chunk_tokens}")
@@ -202,7 +208,7 @@ def make_router(args):
                         instance_api_key=args.instance_api_key,
                         long_chunk_tokens=args.long_chunk_tokens,
                         pace_weight=args.pace_weight, pace_forget_s=args.pace_forget_s,
-                        hold_tokens=args.hold_tokens)
+                        hold_tokens=None if hold == AUTO else hold)
     if args.prefill:
         from laps_jax.cluster.pd_router import PDSplit
         router.split = PDSplit(router, len(args.prefill), secret)
