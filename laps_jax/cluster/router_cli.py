@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "work ahead of it, no long chunk, once every instance has short "
                          "work pending, and long requests held in the router until an "
                          "instance has room (--hold-tokens auto); the best worst case on the "
-                         "simulated trace family (docs/SIMULATION.md). laps-adaptive: laps, and once "
-                         "every instance is three long chunks behind, the fewest requests in "
+                         "simulated trace family (docs/SIMULATION.md). laps-adaptive: laps, and "
+                         "once every instance is three long chunks behind, the fewest requests in "
                          "flight (or the holder of most of the prompt). laps: the instance "
                          "where the request's prefill is predicted to finish first (the "
                          "history holder counts only the new tokens), with short and long "
@@ -141,9 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "request on arrival. Default: auto with laps-inflow, 0 with the other "
                          "policies and with --prefill/--decode. Simulated H200: 0.42-0.72x the "
                          "gateway's misses with laps-inflow, 0.69-0.89x without; live on two "
-                         "CPU instances 0.87x laps-inflow's without on overloaded code "
-                         "completion (24 rounds), level at lighter loads and on code-chat "
-                         "(docs/BENCHMARKS.md). /metrics counts the requests held and their "
+                         "CPU instances 0.87x the misses of laps-inflow without it on "
+                         "overloaded code completion (24 rounds), level at lighter loads and "
+                         "on code-chat (docs/BENCHMARKS.md). /metrics counts the requests held and their "
                          "seconds (laps_router_held_total, laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
