@@ -35,12 +35,12 @@ read the same as serve.py's. Errors of the router itself are JSON by serve.py's 
 and HTTP runner (auth, size limit, parser errors). By default it never queues: a request no
 instance can take (all unhealthy, or each at `max_inflight` requests from this router) gets 503
 with Retry-After. With `hold_tokens` (late binding of long requests, cluster/hold.py;
-router.py's default with laps-inflow) a long request waits in the router while every
-available instance has that much prefill ahead of it (short work and smaller long work; None:
-each instance's own long chunk), at most `max_inflight` x instances of them (then 503 with Retry-After), and then goes
-to the policy's pick among the instances below the hold. A request whose instance fails goes
-on at another (failover.py): sent again if nothing reached the client yet, a stream resumed
-from the tokens the client has.
+router.py's default with laps-inflow) a long request waits in the router while every available
+instance has that much prefill ahead of it (short work and smaller long work; None: each
+instance's own long chunk), at most `max_inflight` x instances of them (then 503 with
+Retry-After), and then goes to the policy's pick among the instances below the hold. A request
+whose instance fails goes on at another (failover.py): sent again if nothing reached the client
+yet, a stream resumed from the tokens the client has.
 """
 
 from __future__ import annotations

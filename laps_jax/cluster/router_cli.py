@@ -143,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "gateway's misses with laps-inflow, 0.69-0.89x without; live on two "
                          "CPU instances 0.87x the misses of laps-inflow without it on "
                          "overloaded code completion (24 rounds), level at lighter loads and "
-                         "on code-chat (docs/BENCHMARKS.md). /metrics counts the requests held and their "
-                         "seconds (laps_router_held_total, laps_router_held_seconds_total)")
+                         "on code-chat (docs/BENCHMARKS.md). /metrics counts the requests held "
+                         "and their seconds (laps_router_held_total, "
+                         "laps_router_held_seconds_total)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=8100, help="port (default 8100)")
