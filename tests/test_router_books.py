@@ -235,3 +235,22 @@ def test_a_forged_report_marks_that_instance_down_and_polling_goes_on():
     seen, inst = asyncio.run(go())
     assert seen[0] == ("down", None)
     assert seen[1] == ("ok", 342.0)
+
+
+def test_a_prompts_kept_block_hashes_find_the_same_prefixes_as_hashing_it_again():
+    """The router hashes a prompt once (`Estimate.block_hashes`) and looks it up when held, when
+    placed and when remembered: the same cached prefixes as hashing it at each lookup."""
+    from laps_jax.cluster.http_router import Estimate
+    rng = random.Random(3)
+    for _ in range(200):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 300))]
+        indexes = [BlockIndex(rng.choice([4, 16])) for _ in range(3)]
+        for ix in indexes:
+            for _ in range(3):
+                ix.add([rng.randrange(4) for _ in range(rng.randrange(1, 300))])
+            ix.add(ids[:rng.randrange(0, len(ids) + 1)])
+        est = Estimate(ids, len(ids), True)
+        assert cached_prefixes(ids, indexes, est.block_hashes) == cached_prefixes(ids, indexes)
+        kept = BlockIndex(16)
+        kept.add_hashes(est.block_hashes(16))
+        assert cached_prefixes(ids, [kept]) == [(len(ids) - 1) // 16 * 16]

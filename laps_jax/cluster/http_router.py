@@ -62,7 +62,7 @@ from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_for
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import LAPS, Choice, RouterConfig, RoutingPolicy
 from laps_jax.cluster.router_metrics import RouterMetrics
-from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, text_hashes
+from laps_jax.cluster.upstream import cached_prefixes, matched_blocks, prompt_hashes, text_hashes
 from laps_jax.server import loop_lag
 from laps_jax.server.app import errors_and_auth
 from laps_jax.server.protocol import APIError, parse_messages, parse_prompt
@@ -86,6 +86,14 @@ class Estimate:
     def __init__(self, ids: list[int] | None, tokens: int, stream: bool,
                  text: list[bytes] | None = None):
         self.ids, self.tokens, self.stream, self.text = ids, tokens, stream, text
+        self._hashes: dict[int, list[bytes]] = {}
+
+    def block_hashes(self, block_size: int) -> list[bytes]:
+        """The chained hashes of the prompt's full blocks, computed once per block size: a
+        long request is looked up when held, again when placed, and then remembered."""
+        if block_size not in self._hashes:
+            self._hashes[block_size] = prompt_hashes(self.ids or [], block_size)
+        return self._hashes[block_size]
 
 
 def text_key(kind: str, prompt) -> str | None:
@@ -314,7 +322,8 @@ class HTTPRouter:
     def cached(self, est: Estimate) -> list[int]:
         """The prompt tokens each instance's cache is expected to hold (as far as known)."""
         if est.ids:
-            return cached_prefixes(est.ids, [i.blocks for i in self.instances])
+            return cached_prefixes(est.ids, [i.blocks for i in self.instances],
+                                   est.block_hashes)
         if est.text:  # the text's blocks as tokens, leaving one to compute as the engine does
             return [min(matched_blocks(est.text, i.texts) * TEXT_BLOCK_BYTES // CHARS_PER_TOKEN,
                         est.tokens - 1) for i in self.instances]
@@ -336,7 +345,7 @@ class HTTPRouter:
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""
         if est.ids and inst.blocks is not None:
-            inst.blocks.add(est.ids)
+            inst.blocks.add_hashes(est.block_hashes(inst.blocks.block_size))
         elif est.text and inst.texts is not None:
             inst.texts.add_hashes(est.text)
 

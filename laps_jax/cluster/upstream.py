@@ -25,7 +25,7 @@ import dataclasses
 import hashlib
 import math
 import re
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 
 from laps_jax.engine.kv_cache import block_hash
 
@@ -164,20 +164,24 @@ class BlockIndex:
         self._lru.clear()
 
 
-def cached_prefixes(tokens: Seq[int], indexes: Seq[BlockIndex | None]) -> list[int]:
+def cached_prefixes(tokens: Seq[int], indexes: Seq[BlockIndex | None],
+                    hashes: Callable[[int], Seq[bytes]] | None = None) -> list[int]:
     """Prompt tokens each instance is expected to hold in its prefix cache: its longest run of
     indexed full blocks from the start, leaving the last token to compute (as the engine's
     `match_prefix`). Each block size's hashes are computed once, only as far as some instance
-    still matches; an instance without an index (block size unknown yet) holds nothing."""
+    still matches, unless `hashes(block_size)` gives the prompt's (`prompt_hashes`, kept by a
+    caller that looks the prompt up more than once); an instance without an index (block size
+    unknown yet) holds nothing."""
     best = [0] * len(indexes)
     by_size: dict[int, list[int]] = {}
     for i, ix in enumerate(indexes):
         if ix is not None and len(ix):
             by_size.setdefault(ix.block_size, []).append(i)
     for ps, alive in by_size.items():
-        parent = b""
+        parent, known = b"", hashes(ps) if hashes is not None else None
         for b in range((len(tokens) - 1) // ps):
-            parent = block_hash(parent, tokens[b * ps:(b + 1) * ps])
+            parent = (known[b] if known is not None
+                      else block_hash(parent, tokens[b * ps:(b + 1) * ps]))
             alive = [i for i in alive if parent in indexes[i]]
             if not alive:
                 break
