@@ -42,6 +42,13 @@ RECHECK_S = 0.05  # held requests are looked at again this often (also on every 
 AGING_TOKENS_PER_S = 1000.0  # a held request's credit per second held (both routers')
 
 
+def holds(new: int, cached: int, short: bool, within_hold: bool) -> bool:
+    """Whether the hold keeps a request of `new` tokens to compute with `cached` tokens of its
+    prompt cached at its best instance: the rule of the module docstring, the one both routers
+    apply (each measures `short` and `within_hold` in its own units: tokens or seconds)."""
+    return not short and not within_hold and cached < new
+
+
 def held_counts(q: "HoldQueue | None") -> tuple[int, float]:
     """Requests that waited in `q` so far and the seconds the released ones waited ((0, 0.0)
     without a hold): what both routers report."""

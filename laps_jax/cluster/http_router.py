@@ -57,7 +57,7 @@ from aiohttp import web
 
 from laps_jax.cluster.failover import route
 from laps_jax.cluster.hold import (AGING_TOKENS_PER_S as HOLD_AGING_TOKENS_PER_S, HoldQueue,
-                                   held_counts)
+                                   held_counts, holds)
 from laps_jax.cluster.instances import TEXT_BLOCK_BYTES, Instance, log, poll_forever
 from laps_jax.cluster.pace import FORGET_S, Pace, relative_speeds
 from laps_jax.cluster.policy import LAPS, Choice, RouterConfig, RoutingPolicy
@@ -335,12 +335,12 @@ class HTTPRouter:
         cluster/hold.py)."""
         if self.hold is None:
             return None
-        least = max(self.threshold, self.hold_size())
-        if est.tokens <= least:
+        threshold, size = self.threshold, self.hold_size()
+        if est.tokens <= max(threshold, size):  # short or within the hold even if nothing cached
             return None
         best = max(self.cached(est), default=0)
         new = max(est.tokens - best, 0)
-        return None if new <= least or best >= new else new
+        return new if holds(new, best, new <= threshold, new <= size) else None
 
     def remember(self, inst: Instance, est: Estimate) -> None:
         """`inst` has the request's prompt in its cache from now on (as far as it is known)."""

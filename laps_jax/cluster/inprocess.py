@@ -20,7 +20,7 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence as Seq
 
-from laps_jax.cluster.hold import AGING_TOKENS_PER_S, HoldQueue, held_counts
+from laps_jax.cluster.hold import AGING_TOKENS_PER_S, HoldQueue, held_counts, holds
 from laps_jax.cluster.policy import POLICIES, RouterConfig, RoutingPolicy
 from laps_jax.engine.kv_cache import block_hash
 from laps_jax.engine.sequence import SamplingParams
@@ -112,8 +112,8 @@ class Router:
         cached = cached_prefixes(prompt, self.d)
         best = max(cached)
         new = len(prompt) - best
-        if (self.hold is None or self.policy.is_short(new, best) or best >= new
-                or self.cost(new, best, False) <= self.hold_s):
+        if self.hold is None or not holds(new, best, self.policy.is_short(new, best),
+                                          self.cost(new, best, False) <= self.hold_s):
             return self._bind(prompt, params, arrival_time, slo, request_id, cached)
         late = LateHandle()
         asyncio.ensure_future(self._bind_late(late, prompt, params, arrival_time, slo,
