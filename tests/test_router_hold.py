@@ -217,6 +217,51 @@ def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, 
     asyncio.run(go())
 
 
+def test_a_long_request_with_room_on_arrival_goes_where_the_policy_picks(monkeypatch):
+    """Only a request that waited is confined to the instances with room: one that finds room
+    on arrival is placed among all, as bound on arrival. (Confined, every such request went to
+    the instance whose only pending work was one larger request, which each overtakes, and
+    long work piled up there: cluster/hold.py.)"""
+    async def no_polls(*a, **k):
+        await asyncio.Event().wait()
+    monkeypatch.setattr(http_router, "poll_forever", no_polls)
+    metrics = parse_metrics("laps_pending_prefill_tokens{pool=\"short\"} 0.0\n")
+
+    async def go():
+        fakes = [FakeInstance("a"), FakeInstance("b")]
+        for f in fakes:
+            await f.server.start_server()
+        router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
+                            RouterConfig(policy="least-load"), threshold=10, hold_tokens=100.0)
+        for inst in router.instances:
+            inst.mark_ok(metrics, 0.0)
+        front = TestServer(create_router_app(router), host="127.0.0.1")
+        await front.start_server()
+        url = str(front.make_url("")).rstrip("/")
+        on = lambda tag: next(k for k, f in enumerate(fakes) if tag in f.arrived)  # noqa: E731
+        async with aiohttp.ClientSession() as s:
+            tasks = [asyncio.create_task(_stream(s, url, "L", 400))]
+            await _until(lambda: any("L" in f.arrived for f in fakes), "L sent")
+            tasks.append(asyncio.create_task(_stream(s, url, "M", 150)))  # the other, emptier
+            await _until(lambda: any("M" in f.arrived for f in fakes), "M sent")
+            assert on("M") != on("L")
+            # N (200): L's instance has room (L is larger, N would overtake it), M's has not
+            # (M is ahead of N and over the hold); the least loaded is M's: N goes there
+            tasks.append(asyncio.create_task(_stream(s, url, "N", 200)))
+            await _until(lambda: any("N" in f.arrived for f in fakes), "N sent")
+            assert on("N") == on("M")
+            status = await (await s.get(url + "/router/status")).json()
+            assert status["held_total"] == 0
+            for f in fakes:
+                for tag in "LMN":
+                    f.release(tag)
+            await asyncio.gather(*tasks)
+        await front.close()
+        for f in fakes:
+            await f.server.close()
+    asyncio.run(go())
+
+
 def test_the_hold_looks_at_the_first_held_request_with_its_own_tokens():
     """`can_send` is asked for the first in order, with its tokens: a larger request that
     would not fit does not keep a smaller one back, and is not sent by the smaller's room."""

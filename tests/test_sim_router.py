@@ -203,6 +203,30 @@ def test_a_long_request_waits_in_the_router_while_each_instance_has_a_step_ahead
     assert all(s.submitted == 0.0 for s in st0.values()) and held0 == (0, 0.0)
 
 
+def test_a_long_request_with_room_on_arrival_is_placed_among_every_instance():
+    """L (2,000 tokens) on one instance, M (700) on the other. N (1,200) has room where L
+    is (it would overtake L) and none where M is (M runs first, over a step): it is not held,
+    and the policy (least load) places it among both, with M, not only where the room is."""
+    async def main():
+        clock = SimClock()
+        ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
+        r = Router(ds, RouterConfig(policy="least-load", affinity_ratio=None), clock,
+                   hold_steps=1.0)
+        await r.start()
+        p = SamplingParams(max_tokens=1)
+        hs = {k: r.submit(_prompt(n, i), p) for i, (k, n) in
+              enumerate((("L", 2000), ("M", 700), ("N", 1200)))}
+        for h in hs.values():
+            await h.result()
+        where = {k: h.request.lane.executor.name.split("/")[0] for k, h in hs.items()}
+        await r.stop()
+        return where, r.metrics()["held"]
+
+    assert MODEL.predict_prefill(700, 0) > MODEL.predict_prefill(GRID.max_chunk, 0)
+    where, held = run_simulated(main())
+    assert held == 0 and where["N"] == where["M"] != where["L"]
+
+
 def test_a_turn_whose_cached_history_outweighs_its_new_part_is_not_held():
     """Both instances busy with smaller long prompts (a step or more ahead of any 500-token
     request): a fresh 500-token prompt waits in the router, a follow-up turn with 500 new

@@ -49,11 +49,12 @@ async def route(request: web.Request, router, path: str, raw: bytes, est) -> web
     if est.stream:
         headers[TOKEN_IDS_HEADER] = "1"
     passage, body, tried = Passage(), raw, set()
-    held = router.held_tokens(est)  # None: not held (no hold, or a short request)
+    held = router.held_tokens(est)  # None: never held (no hold, or a short request)
     holding = held is not None
     if holding:  # wait in the router until an instance has room for it (cluster/hold.py)
         try:
-            await router.hold.turn(held)
+            if not await router.hold.turn(held):
+                held = None  # room on arrival: the policy picks among every instance
         except HoldFull as e:
             raise APIError(str(e), 503, "unavailable", headers={"Retry-After": "1"}) from None
     while True:

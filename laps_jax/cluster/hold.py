@@ -1,13 +1,18 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
-network router, on by default with laps-inflow; `+hold` in the simulator's screens: 0.61-0.94x
-laps-inflow's misses in the simulator; live on two CPU instances 0.87x on overloaded code
-completion over 24 rounds, level at lighter loads and on code-chat: docs/BENCHMARKS.md).
+network router, on by default with laps-inflow; `+hold` in the simulator's screens: 0.87x /
+0.59x / 0.60x laps-inflow's misses in light / medium / heavy cells, docs/SIMULATION.md; live
+on two CPU instances 0.87x on overloaded code completion over 24 rounds, level at lighter
+loads and on code-chat: docs/BENCHMARKS.md).
 
 Why: a long request bound to an instance on arrival waits there even when another instance
 drains first, and which one drains first is not known on arrival. Held in the router, it is
 bound only when some instance has less than the hold of work ahead of it, to the instance the
-policy picks among those. "Ahead" is what the instance will run first: its short work and the
+policy picks among those. A long request that finds such room on arrival is not held, and the
+policy places it among every instance, as bound on arrival: confined to the instances with
+room, each one went where the only pending work was one larger request (which it overtakes),
+and long work piled up on that instance (simulated agent-fanout, 4 and 8 instances at load
+1.3, 25 seeds: 88 misses confined, 66 placed among all, 58 bound on arrival). "Ahead" is what the instance will run first: its short work and the
 long work smaller than this request, since every instance runs the least remaining first. So a
 long request smaller than everything pending goes at once (it would overtake that work anyway).
 Short requests, and long ones no larger than the hold (about one step's work), are never held:
@@ -85,13 +90,15 @@ class HoldQueue:
     def score(self, h: Held, now: float) -> float:
         return h.tokens - self.aging * (now - h.since)
 
-    async def turn(self, tokens: int) -> None:
-        """Returns when a request of `tokens` new tokens may be sent; the caller sends it (its
-        pick and `LoadBook.sent` with no await between) and then calls `sent()`. HoldFull when
-        `max_held` requests are held already."""
+    async def turn(self, tokens: int) -> bool:
+        """Returns when a request of `tokens` new tokens may be sent: True if it was held
+        (then the caller sends it only to an instance with room), False if it goes at once
+        (then wherever the policy picks). The caller sends it (its pick and `LoadBook.sent`
+        with no await between) and then calls `sent()`. HoldFull when `max_held` requests
+        are held already."""
         if not self.held and not self.releasing and self.can_send(tokens):
             self.releasing = True
-            return
+            return False
         if len(self.held) >= self.max_held:
             raise HoldFull(f"every instance is busy and {self.max_held} requests wait in the "
                            f"router; retry shortly")
@@ -100,10 +107,12 @@ class HoldQueue:
         self.held.append(h)
         try:
             self.kick()
-            if not h.released.done():  # it waits (not released at once)
-                self.held_total += 1
-                await h.released
-                self.held_s_total += self.now() - h.since
+            if h.released.done():  # released at once
+                return False
+            self.held_total += 1
+            await h.released
+            self.held_s_total += self.now() - h.since
+            return True
         except BaseException:  # the client went away (cancelled) while held or just released
             if h in self.held:
                 self.held.remove(h)

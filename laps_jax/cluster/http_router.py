@@ -38,9 +38,10 @@ with Retry-After. With `hold_tokens` (late binding of long requests, cluster/hol
 router.py's default with laps-inflow) a long request waits in the router while every available
 instance has that much prefill ahead of it (short work and smaller long work; None: each
 instance's own long chunk), at most `max_inflight` x instances of them (then 503 with
-Retry-After), and then goes to the policy's pick among the instances below the hold. A request
-whose instance fails goes on at another (failover.py): sent again if nothing reached the client
-yet, a stream resumed from the tokens the client has.
+Retry-After), and then goes to the policy's pick among the instances below the hold (one that
+found room on arrival, to the policy's pick among all). A request whose instance fails goes on
+at another (failover.py): sent again if nothing reached the client yet, a stream resumed from
+the tokens the client has.
 """
 
 from __future__ import annotations

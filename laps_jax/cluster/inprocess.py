@@ -123,11 +123,12 @@ class Router:
     async def _bind_late(self, late: LateHandle, prompt: list[int], params, arrival_time,
                          slo, request_id, new: int) -> None:
         """Holds a long request until some instance has less than the hold ahead of it, then
-        binds it among those instances."""
-        await self.hold.turn(new)
+        binds it among those instances; one that found room at once goes where the policy
+        picks among all (cluster/hold.py)."""
+        held = await self.hold.turn(new)
         try:
             h = self._bind(prompt, params, arrival_time, slo, request_id,
-                           cached_prefixes(prompt, self.d), self._room(new))
+                           cached_prefixes(prompt, self.d), self._room(new) if held else None)
         except Exception as e:  # (the caller sees it from the handle, as from submit)
             late.bound.set_exception(e)
             return
