@@ -34,4 +34,6 @@ def test_the_table_gives_each_groups_ratios_to_the_references():
     # 66/60
     assert cells == ["laps", "5 / 100", "42 / 200", "66 / 100", "0.50", "0.56", "0.94",
                      "0.62", "0.70", "1.10"]
+    head = next(l for l in text.splitlines() if l.startswith("| router "))
+    assert "| light (1 block) | medium (2 blocks) | heavy (1 block) |" in head
     assert load_markdown(by_load([{"laps": row(5)}])) == ""  # no round-robin: no groups

@@ -42,7 +42,8 @@ def load_markdown(groups: dict[str, dict], references=("round-robin", "smg:cache
     if not groups:
         return ""
     refs = [r for r in references if any(r in g["routers"] for g in groups.values())]
-    head = ["router"] + [f"{g} ({groups[g]['blocks']} blocks)" for g in groups] \
+    count = lambda n: f"{n} block" + ("" if n == 1 else "s")  # noqa: E731
+    head = ["router"] + [f"{g} ({count(groups[g]['blocks'])})" for g in groups] \
         + [f"{g}: / {r}" for r in refs for g in groups]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     rate = lambda c: c["violations"] / c["requests"] if c and c["requests"] else None

@@ -1,7 +1,7 @@
 """A watch on the asyncio event loop: it logs every stall, and what the process did meanwhile.
 
 A loop that does not run cannot answer a health check, so a stall of a second looks, from a
-router, like a hung process (docs/BENCHMARKS.md, "Routers, live"). The watch sleeps a short
+router, like a hung process (docs/BENCHMARKS.md, "Router"). The watch sleeps a short
 interval and measures how late it wakes; over `threshold_s` late it logs a warning with the
 CPU time the loop's own thread and the whole process used in that gap. That tells the three
 causes apart: the loop's thread busy (blocking code on the loop), the process busy but not the
