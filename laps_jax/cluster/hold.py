@@ -1,7 +1,7 @@
 """Late binding of long requests: the router holds a long request while every instance already
 has enough work that would run ahead of it, and sends it when one drains (`--hold-tokens` on the
 network router, on by default with laps-inflow; `+hold` in the simulator's screens: 0.87x /
-0.59x / 0.60x laps-inflow's misses in light / medium / heavy cells, docs/SIMULATION.md; live
+0.60x / 0.60x laps-inflow's misses in light / medium / heavy cells, docs/SIMULATION.md; live
 on two CPU instances 0.87x on overloaded code completion over 24 rounds, level at lighter
 loads and on code-chat: docs/BENCHMARKS.md).
 

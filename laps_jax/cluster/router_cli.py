@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "instance's long chunk (laps_long_chunk_tokens, or "
                          "--long-chunk-tokens), as the simulator screened it; 0: send every "
                          "request on arrival. Default: auto with laps-inflow, 0 with the other "
-                         "policies and with --prefill/--decode. Simulated H200: 0.40-0.66x the "
+                         "policies and with --prefill/--decode. Simulated H200: 0.41-0.66x the "
                          "gateway's misses with laps-inflow, 0.69-0.89x without; live on two "
                          "CPU instances 0.87x the misses of laps-inflow without it on "
                          "overloaded code completion (24 rounds), level at lighter loads and "
