@@ -12,9 +12,10 @@ policy picks among those. A long request that finds such room on arrival is not 
 policy places it among every instance, as bound on arrival: confined to the instances with
 room, each one went where the only pending work was one larger request (which it overtakes),
 and long work piled up on that instance (simulated agent-fanout, 4 and 8 instances at load
-1.3, 25 seeds: 88 misses confined, 66 placed among all, 58 bound on arrival). "Ahead" is what the instance will run first: its short work and the
-long work smaller than this request, since every instance runs the least remaining first. So a
-long request smaller than everything pending goes at once (it would overtake that work anyway).
+1.3, 25 seeds: 88 misses confined, 66 placed among all, 58 bound on arrival). "Ahead" is
+what the instance will run first: its short work and the long work smaller than this request,
+since every instance runs the least remaining first. So a long request smaller than
+everything pending goes at once (it would overtake that work anyway).
 Short requests, and long ones no larger than the hold (about one step's work), are never held:
 they wait at most a step or two wherever they go. Nor is a turn whose cached history is at least
 as long as its new part: its holder is where it belongs, as the policy weighs it, and sent
