@@ -141,27 +141,46 @@ async def _until(pred, what: str, timeout: float = 5.0) -> None:
     raise AssertionError(f"never: {what}")
 
 
-@pytest.mark.parametrize("hold_tokens", [0.0, 100.0])
-def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, hold_tokens):
-    async def no_polls(*a, **k):
+@pytest.fixture
+def no_polls(monkeypatch):
+    """The router reads no /metrics: each test marks its instances up with METRICS itself."""
+    async def never(*a, **k):
         await asyncio.Event().wait()
-    monkeypatch.setattr(http_router, "poll_forever", no_polls)
+    monkeypatch.setattr(http_router, "poll_forever", never)
+
+
+METRICS = parse_metrics("laps_pending_prefill_tokens{pool=\"short\"} 0.0\n")
+
+
+async def _front(hold_tokens: float):
+    """Two fake instances, up and idle, behind an HTTPRouter (least load, threshold 10) with
+    this hold: (fakes, router, its front server, the front's URL)."""
+    fakes = [FakeInstance("a"), FakeInstance("b")]
+    for f in fakes:
+        await f.server.start_server()
+    router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
+                        RouterConfig(policy="least-load"), threshold=10, hold_tokens=hold_tokens)
+    for inst in router.instances:
+        inst.mark_ok(METRICS, 0.0)
+    front = TestServer(create_router_app(router), host="127.0.0.1")
+    await front.start_server()
+    return fakes, router, front, str(front.make_url("")).rstrip("/")
+
+
+async def _close(front, fakes) -> None:
+    await front.close()
+    for f in fakes:
+        await f.server.close()
+
+
+@pytest.mark.parametrize("hold_tokens", [0.0, 100.0])
+def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, no_polls,
+                                                                   hold_tokens):
     # order by tokens alone here (the aging is the test above's): arrivals 50 ms apart
     monkeypatch.setattr(http_router, "HOLD_AGING_TOKENS_PER_S", 0.0)
-    metrics = parse_metrics("laps_pending_prefill_tokens{pool=\"short\"} 0.0\n")
 
     async def go():
-        fakes = [FakeInstance("a"), FakeInstance("b")]
-        for f in fakes:
-            await f.server.start_server()
-        router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
-                            RouterConfig(policy="least-load"), threshold=10,
-                            hold_tokens=hold_tokens)
-        for inst in router.instances:
-            inst.mark_ok(metrics, 0.0)
-        front = TestServer(create_router_app(router), host="127.0.0.1")
-        await front.start_server()
-        url = str(front.make_url("")).rstrip("/")
+        fakes, router, front, url = await _front(hold_tokens)
         sent = lambda: fakes[0].arrived + fakes[1].arrived  # noqa: E731
         async with aiohttp.ClientSession() as s:
             tasks = [asyncio.create_task(_stream(s, url, t, 150)) for t in ("A", "B")]
@@ -211,33 +230,17 @@ def test_the_router_holds_long_requests_until_an_instance_has_room(monkeypatch, 
                 assert '"text": "x"' in out and out.rstrip().endswith("data: [DONE]")
         assert all(not i.inflight and i.load.load == 0 for i in router.instances)
         assert router.hold is None or not router.hold.held and not router.hold.releasing
-        await front.close()
-        for f in fakes:
-            await f.server.close()
+        await _close(front, fakes)
     asyncio.run(go())
 
 
-def test_a_long_request_with_room_on_arrival_goes_where_the_policy_picks(monkeypatch):
+def test_a_long_request_with_room_on_arrival_goes_where_the_policy_picks(no_polls):
     """Only a request that waited is confined to the instances with room: one that finds room
     on arrival is placed among all, as bound on arrival. (Confined, every such request went to
     the instance whose only pending work was one larger request, which each overtakes, and
     long work piled up there: cluster/hold.py.)"""
-    async def no_polls(*a, **k):
-        await asyncio.Event().wait()
-    monkeypatch.setattr(http_router, "poll_forever", no_polls)
-    metrics = parse_metrics("laps_pending_prefill_tokens{pool=\"short\"} 0.0\n")
-
     async def go():
-        fakes = [FakeInstance("a"), FakeInstance("b")]
-        for f in fakes:
-            await f.server.start_server()
-        router = HTTPRouter([str(f.server.make_url("")) for f in fakes],
-                            RouterConfig(policy="least-load"), threshold=10, hold_tokens=100.0)
-        for inst in router.instances:
-            inst.mark_ok(metrics, 0.0)
-        front = TestServer(create_router_app(router), host="127.0.0.1")
-        await front.start_server()
-        url = str(front.make_url("")).rstrip("/")
+        fakes, router, front, url = await _front(100.0)
         on = lambda tag: next(k for k, f in enumerate(fakes) if tag in f.arrived)  # noqa: E731
         async with aiohttp.ClientSession() as s:
             tasks = [asyncio.create_task(_stream(s, url, "L", 400))]
@@ -256,9 +259,7 @@ def test_a_long_request_with_room_on_arrival_goes_where_the_policy_picks(monkeyp
                 for tag in "LMN":
                     f.release(tag)
             await asyncio.gather(*tasks)
-        await front.close()
-        for f in fakes:
-            await f.server.close()
+        await _close(front, fakes)
     asyncio.run(go())
 
 

@@ -13,10 +13,12 @@ from sim_fixtures import CFG, GRID, MODEL, spec
 
 
 # -- the router -------------------------------------------------------------------------------
-def _router(n: int, policy: str, **kw):
+def _router(n: int, policy: str, hold_steps: float = 0.0, **kw):
+    """A router in front of `n` laps instances on one virtual clock (`hold_steps`: long
+    requests bound late, cluster/hold.py); `kw` is its RouterConfig."""
     clock = SimClock()
     ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(n)]
-    return Router(ds, RouterConfig(policy=policy, **kw), clock), clock
+    return Router(ds, RouterConfig(policy=policy, **kw), clock, hold_steps=hold_steps), clock
 
 
 def _prompt(n: int, key: int) -> list[int]:
@@ -174,10 +176,7 @@ def test_a_long_request_waits_in_the_router_while_each_instance_has_a_step_ahead
     would run them first anyway). Without the hold every one is sent on arrival."""
     def run(hold: float):
         async def main():
-            clock = SimClock()
-            ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
-            r = Router(ds, RouterConfig(policy="least-load", affinity_ratio=None), clock,
-                       hold_steps=hold)
+            r, _ = _router(2, "least-load", hold_steps=hold, affinity_ratio=None)
             await r.start()
             p = SamplingParams(max_tokens=1)
             hs = {k: r.submit(_prompt(n, i), p) for i, (k, n) in
@@ -208,10 +207,7 @@ def test_a_long_request_with_room_on_arrival_is_placed_among_every_instance():
     is (it would overtake L) and none where M is (M runs first, over a step): it is not held,
     and the policy (least load) places it among both, with M, not only where the room is."""
     async def main():
-        clock = SimClock()
-        ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
-        r = Router(ds, RouterConfig(policy="least-load", affinity_ratio=None), clock,
-                   hold_steps=1.0)
+        r, _ = _router(2, "least-load", hold_steps=1.0, affinity_ratio=None)
         await r.start()
         p = SamplingParams(max_tokens=1)
         hs = {k: r.submit(_prompt(n, i), p) for i, (k, n) in
@@ -234,10 +230,7 @@ def test_a_turn_whose_cached_history_outweighs_its_new_part_is_not_held():
     from laps_jax.cluster.inprocess import LateHandle
 
     async def main():
-        clock = SimClock()
-        ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
-        r = Router(ds, RouterConfig(policy="least-load", affinity_ratio=None), clock,
-                   hold_steps=1.0)
+        r, _ = _router(2, "least-load", hold_steps=1.0, affinity_ratio=None)
         await r.start()
         p = SamplingParams(max_tokens=1)
         history = _prompt(900, 7)
@@ -266,10 +259,7 @@ def test_late_binding_misses_fewer_slos_on_an_overloaded_mix_of_long_prompts():
         rng = random.Random(seed)
 
         async def main():
-            clock = SimClock()
-            ds = [build_dispatcher(spec("laps"), CFG, MODEL, clock, f"i{i}") for i in range(2)]
-            r = Router(ds, RouterConfig(policy=policy, affinity_ratio=None), clock,
-                       hold_steps=hold)
+            r, clock = _router(2, policy, hold_steps=hold, affinity_ratio=None)
             await r.start()
             hs = []
             for i in range(24):
