@@ -252,7 +252,7 @@ def test_a_timed_out_poll_is_slow_until_the_instance_has_been_silent_dead_s(capl
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         url = "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
-        inst = Instance(url)
+        inst = Instance(url, since=time.monotonic() - 60.0)  # watched for a minute
         inst.mark_ok(parse_metrics(METRICS), 0.0)
         inst.blocks.add(list(range(32)))  # 4 blocks of 8
         fut = asyncio.get_running_loop().create_future()
@@ -287,6 +287,52 @@ def test_a_timed_out_poll_is_slow_until_the_instance_has_been_silent_dead_s(capl
                for m in said), said
     assert any(": down (silent for " in m and "no answer to its health checks" in m
                for m in said), said
+
+
+def test_an_instance_that_never_answered_is_silent_since_the_router_began_watching_it(caplog):
+    """A router whose first polls of a starting (or stalled) instance time out counts its
+    silence from when it began watching it: slow at first, down DEAD_S after the start, and
+    the log says so (it once said "silent for 1000061601.6 s" and took it down at the first
+    timeout)."""
+    import logging
+
+    import aiohttp
+
+    from laps_jax.cluster.instances import DEAD_S, Instance, poll_once
+
+    async def go():
+        hold = asyncio.Event()
+
+        async def silent(reader, writer):
+            await hold.wait()
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = "http://127.0.0.1:%d" % server.sockets[0].getsockname()[1]
+        inst = Instance(url)
+        states = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                await poll_once(inst, http, timeout=0.2)
+                states.append(inst.state)
+                inst.since = time.monotonic() - (DEAD_S - 0.05)  # watched almost DEAD_S
+                await poll_once(inst, http, timeout=0.5)
+                states.append(inst.state)
+        finally:
+            hold.set()
+            server.close()
+        return states
+
+    with caplog.at_level(logging.INFO, logger="laps_jax.router"):
+        states = asyncio.run(go())
+    assert states == ["slow", "down"]
+    said = [r.getMessage() for r in caplog.records if r.name == "laps_jax.router"]
+    assert any(": slow (no answer to its health check in 0.2 s; none since the router began "
+               "watching it " in m for m in said), said
+    down = [m for m in said if ": down (" in m]
+    assert len(down) == 1 and "never answered" in down[0], said
+    silent = float(down[0].split("silent for ")[1].split(" s")[0])
+    assert DEAD_S <= silent < DEAD_S + 0.5, down
 
 
 def test_estimate_reads_prompts():

@@ -4,7 +4,8 @@ Each instance is polled every `POLL_INTERVAL_S` (GET /health, then GET /metrics;
 when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
 
 - refused, reset, /metrics unreadable, or silent for `DEAD_S` (no poll answered and no byte
-  of an answer relayed from it for that long): the instance is **down**: it leaves the
+  of an answer relayed from it for that long; for one that has answered nothing yet, counted
+  from when the router began watching it): the instance is **down**: it leaves the
   rotation, the requests in flight on it end there at once (`fail_inflight`; failover.py sends
   them again or resumes them elsewhere), and what the router knew of its cache and load is
   dropped (a restarted process has an empty cache);
@@ -63,6 +64,7 @@ class Instance:
     load: LoadBook = dataclasses.field(default_factory=LoadBook)
     inflight: set = dataclasses.field(default_factory=set)  # futures set when it goes down
     last_data: float = -1e9         # monotonic time of the last byte relayed from it
+    since: float = dataclasses.field(default_factory=time.monotonic)  # watched from (monotonic)
     pace: Pace | None = None        # how fast it has lately prefilled (laps; pace.py)
 
     @property
@@ -75,8 +77,16 @@ class Instance:
         return max(len(self.inflight) - self.load.open_requests, 0)
 
     def silent_s(self, now: float) -> float:
-        """Seconds since its last sign of life: a poll answered or a byte of an answer relayed."""
-        return now - max(self.last_ok if self.last_ok is not None else -1e9, self.last_data)
+        """Seconds since its last sign of life: a poll answered or a byte of an answer relayed;
+        for one that has shown none, since the router began watching it (a router whose first
+        poll of a starting instance timed out counted it silent for 10^9 s, down at once)."""
+        return now - max(self.last_ok if self.last_ok is not None else self.since,
+                         self.last_data)
+
+    @property
+    def never_answered(self) -> bool:
+        """No poll answered and no byte relayed since the router began watching it."""
+        return self.last_ok is None and self.last_data < self.since
 
     def fail_inflight(self) -> None:
         """Ends every request in flight here: each proxy's wait for its answer races its
@@ -170,11 +180,14 @@ async def poll_once(inst: Instance, session: aiohttp.ClientSession,
     except TimeoutError:
         silent = inst.silent_s(time.monotonic())
         if silent < DEAD_S:
+            sign = ("none since the router began watching it" if inst.never_answered
+                    else "last sign of life")
             inst.mark_slow(f"no answer to its health check in {timeout:.2g} s; "
-                           f"last sign of life {silent:.2f} s ago")
+                           f"{sign} {silent:.2f} s ago")
         else:
             inst.mark_down(f"silent for {silent:.1f} s: no answer to its health checks, "
-                           "nothing relayed")
+                           "nothing relayed" + (", never answered" if inst.never_answered
+                                                else ""))
         return
     except (aiohttp.ClientError, OSError, ValueError) as e:
         inst.mark_down(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
