@@ -4,6 +4,7 @@ HTTP replayer's use of it (a failed turn ends its session; the rest is recorded 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -154,6 +155,20 @@ def test_http_stops_a_session_at_a_failed_turn_and_records_the_rest_not_sent():
         assert r.error == "not sent: turn 1 of the session failed" and r.sent_s is None
 
 
+@contextlib.asynccontextmanager
+async def _served(app):
+    """`app` on a free loopback port while the block runs: its base URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 def test_a_stream_s_error_event_is_the_request_s_error():
     """A router ends a stream whose instance failed with an error event and [DONE] (HTTP 200
     already sent): the replay must record that message, not just a missing finish reason."""
@@ -178,21 +193,51 @@ def test_a_stream_s_error_event_is_the_request_s_error():
     async def go():
         app = web.Application()
         app.router.add_post("/v1/completions", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
         rec = RequestRecord("r", 0.0, 8)
-        try:
-            async with aiohttp.ClientSession() as http:
-                ids = await stream_completion(http, f"http://127.0.0.1:{port}", "m", [1, 2],
-                                              rec, ReplayConfig(progress=False),
-                                              time.perf_counter())
-        finally:
-            await runner.cleanup()
+        async with _served(app) as url, aiohttp.ClientSession() as http:
+            ids = await stream_completion(http, url, "m", [1, 2], rec,
+                                          ReplayConfig(progress=False), time.perf_counter())
         return ids, rec
 
     ids, rec = asyncio.run(go())
     assert ids == [] and not rec.ok and rec.ttft_s is not None
     assert rec.error == "error event: the instance serving this request failed: boom"
+
+
+def test_a_503_from_v1_models_is_asked_again_until_the_wait_runs_out():
+    """A router answers 503 while no instance is available (a stall of the machine): the
+    replay asks again instead of ending there, and gives up with the status and the wait
+    once `unavailable_wait_s` has passed. Any other status ends it at once."""
+    import aiohttp
+    from aiohttp import web
+
+    from laps_jax.workload.http_client import fetch_server_info
+
+    async def go(statuses: list[int], wait_s: float):
+        asked = []
+
+        async def models(request):
+            asked.append(1)
+            status = statuses.pop(0) if statuses else 200
+            if status != 200:
+                return web.json_response({"error": {"message": "no instance is available"}},
+                                         status=status)
+            return web.json_response({"data": [{"id": "m", "max_model_len": 64}]})
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        async with _served(app) as url, aiohttp.ClientSession() as http:
+            try:
+                out = await fetch_server_info(http, url, ReplayConfig(progress=False),
+                                              unavailable_wait_s=wait_s, retry_s=0.02)
+            except RuntimeError as e:
+                out = e
+        return len(asked), out
+
+    asked, info = asyncio.run(go([503, 503], 5.0))
+    assert asked == 3 and info == ServerInfo("m", 64)
+    asked, err = asyncio.run(go([503] * 1000, 0.2))
+    assert isinstance(err, RuntimeError) and 3 <= asked < 1000
+    assert "answered 503 (503 for 0.2 s)" in str(err) and "no instance is available" in str(err)
+    asked, err = asyncio.run(go([500, 503], 5.0))
+    assert asked == 1 and "answered 500:" in str(err)

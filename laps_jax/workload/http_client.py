@@ -109,13 +109,26 @@ class ServerInfo:
 
 
 async def fetch_server_info(http: aiohttp.ClientSession, base_url: str,
-                            config: ReplayConfig) -> ServerInfo:
-    """The served model (``config.model`` if set) and its context length, from /v1/models."""
-    async with http.get(base_url.rstrip("/") + "/v1/models", headers=config.headers(),
-                        timeout=aiohttp.ClientTimeout(total=30)) as r:
-        if r.status != 200:
-            raise RuntimeError(f"GET /v1/models answered {r.status}: {await r.text()}")
-        data = (await r.json()).get("data") or []
+                            config: ReplayConfig, unavailable_wait_s: float = 30.0,
+                            retry_s: float = 0.5) -> ServerInfo:
+    """The served model (``config.model`` if set) and its context length, from /v1/models.
+
+    A 503 is asked again every `retry_s` for up to `unavailable_wait_s`: a router answers it
+    while none of its instances is available, which a stall of the machine causes for a
+    second or two (seen live: a router that had just started missed its instances' first
+    polls in a stall of the VM, and a benchmark that took that 503 as final lost its rounds)."""
+    deadline = time.monotonic() + unavailable_wait_s
+    while True:
+        async with http.get(base_url.rstrip("/") + "/v1/models", headers=config.headers(),
+                            timeout=aiohttp.ClientTimeout(total=30)) as r:
+            if r.status == 200:
+                data = (await r.json()).get("data") or []
+                break
+            body = await r.text()
+        if r.status != 503 or time.monotonic() >= deadline:
+            waited = f" (503 for {unavailable_wait_s:g} s)" if r.status == 503 else ""
+            raise RuntimeError(f"GET /v1/models answered {r.status}{waited}: {body}")
+        await asyncio.sleep(retry_s)
     entry = next((m for m in data if config.model in (None, m.get("id"))), None)
     if entry is None:
         names = [m.get("id") for m in data]
