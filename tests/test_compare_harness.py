@@ -168,6 +168,7 @@ def test_over_rounds_takes_each_cells_median_and_the_halves_noise_floor():
     ("x=laps:fill_rows=maybe", "fill_rows wants a flag"),
     ("x=laps:fill_slack=-0.1", ">= 0"),
     ("x=laps:overload_requests=2.5", "overload_requests wants a count_or_off"),
+    ("x=laps:finish_slack=-0.1", "finish_slack must be >= 0"),
 ])
 def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
     from laps_jax.bench.variants import parse_variant
@@ -175,11 +176,13 @@ def test_a_bad_variant_is_refused_with_what_is_wrong(text, match):
         parse_variant(text)
 
 
-def test_a_variant_turns_the_overload_mark_off_or_moves_it():
+def test_a_variant_turns_a_setting_off_or_moves_it():
     from laps_jax.bench.variants import parse_variant
     assert parse_variant("a=laps:overload_requests=off").settings == {"overload_requests": None}
     assert parse_variant("b=laps:overload_requests=8").settings == {"overload_requests": 8}
     assert parse_variant("c=laps:overload_check=off").settings == {"overload_check": False}
+    assert parse_variant("d=laps:finish_slack=off").settings == {"finish_slack": None}
+    assert parse_variant("e=laps:finish_slack=0.25").settings == {"finish_slack": 0.25}
 
 
 def test_capacity_is_measured_over_several_bursts():

@@ -461,6 +461,49 @@ def test_overload_mark_applies_only_below_the_full_budget():
         derive(SchedulerConfig(overload_requests=-1), GRID, MODEL)
 
 
+@pytest.mark.parametrize("device, filled", [
+    (DeviceSpec("h200-like", 790e12, 4.8e12, 2e-3), False),  # compute-bound: tokens cost time
+    (DeviceSpec("memory-bound", 1e16, 1e12, 2e-3), True),    # the weights' read dominates
+])
+def test_a_long_step_that_finishes_a_request_is_filled_only_while_nearly_free(device, filled):
+    """A 200-token long request ahead of a 3,000-token one (Qwen2.5-32B shapes): filled to
+    the chunk, its step also carries 256 of the big one's tokens. With finish_slack the step
+    takes them only where predicted within the slack of the request alone: on an H200-like
+    device they double it, on a memory-bound one they are nearly free."""
+    from laps_jax.scheduler.latency_model import StepShape
+    from laps_jax.scheduler.policy import LapsPlanner, derive
+    grid = BucketGrid.default(max_chunk=512, max_prefill_batch=4, max_decode_batch=8,
+                              min_tokens=16, max_batch_tokens=1024)
+    model = LatencyModel(PRESETS["qwen2.5-32b"], 2, device)  # shapes only, nothing allocated
+
+    def first_step(finish_slack, lengths=(3000, 200)):
+        d = derive(SchedulerConfig(threshold=64, long_budget_tokens=512, max_postpone_s=100.0,
+                                   finish_slack=finish_slack, window=WindowConfig(mode="off")),
+                   grid, model)
+        p = LapsPlanner(grid, d)
+        for n in lengths:
+            r = req(n)
+            r.stats.pool = LONG
+            p.add(r, 0.0)
+        return p.plan(0.0), d
+
+    plan, _ = first_step(None)
+    assert [n for _, n in plan.work] == [200, 256]  # filled to the chunk: 2 x 256
+    plan, d = first_step(0.1)
+    alone = model.predict(StepShape.bucketed([200], [0], 1, 256))
+    if filled:
+        assert [n for _, n in plan.work] == [200, 256]
+        assert d.predict(plan.work, plan.bucket) <= 1.1 * alone
+    else:
+        assert [n for _, n in plan.work] == [200] and plan.bucket.batch == 1
+        assert model.predict(StepShape.bucketed([200, 256], [0, 0], 2, 256)) > 1.1 * alone
+    # a first request the step does not finish fills the chunk itself either way
+    plan, _ = first_step(0.1, lengths=(3000, 900))
+    assert [n for _, n in plan.work] == [512]
+    with pytest.raises(ValueError, match="finish_slack"):
+        derive(SchedulerConfig(finish_slack=-0.1), grid, model)
+
+
 def test_laps_spatial_long_group_keeps_full_chunks():
     """The ratio sizes laps' long chunks so short work is not held up; in laps-spatial the long
     group runs no short work, so its chunks stay the full budget."""

@@ -334,6 +334,7 @@ def run_comparison(o: CompareOptions, log: Callable[[str], None] = print) -> dic
         "decode_gap_s": o.decode_gap_s,
         "long_budget_tokens": o.long_budget_tokens, "long_chunk_ratio": cfg.long_chunk_ratio,
         "fill_rows": cfg.fill_rows, "fill_slack": cfg.fill_slack,
+        "finish_slack": cfg.finish_slack,
         "overload_requests": cfg.overload_requests, "overload_check": cfg.overload_check,
         "aging_tokens_per_s": o.aging_tokens_per_s, "max_wait_s": o.max_wait_s,
         "engine": dataclasses.asdict(engine.ecfg if engine else o.ecfg),

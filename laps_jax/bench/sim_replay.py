@@ -137,6 +137,8 @@ def simulate_mode(mode: str, run: dict, model: LatencyModel, vo: ValidationOptio
                                 # runs recorded before fill_rows ran without it
                                 fill_rows=run.get("fill_rows", False),
                                 fill_slack=run.get("fill_slack", 0.0),
+                                # runs recorded before finish_slack filled long steps
+                                finish_slack=run.get("finish_slack"),
                                 # runs recorded before the overload mode ran without it,
                                 # and before its padding check without the check
                                 overload_requests=run.get("overload_requests"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from laps_jax.scheduler.flags import count_or_off
+from laps_jax.scheduler.flags import count_or_off, slack_or_off
 from laps_jax.scheduler.policy import MODES, ORDERS, SchedulerConfig, check
 
 
@@ -35,7 +35,7 @@ SETTINGS = {"order": str, "queue_order": str, "long_order": str, "cross_pool": s
             "long_chunk_ratio": float, "decode_gap_s": float, "window_mode": str, "threshold": int,
             "aging_tokens_per_s": float, "max_postpone_s": float, "max_wait_s": float,
             "fill_rows": flag, "fill_slack": float, "overload_requests": count_or_off,
-            "overload_check": flag}
+            "overload_check": flag, "finish_slack": slack_or_off}
 # comparison.json keys beside the modes' own: a variant may not be named like one
 RESERVED = ("ratio", "ratio_spatial", "goals_met", "ratio_variants", "goals_met_variants", "run",
             "metrics", "rounds", "metrics_rounds")

@@ -19,6 +19,11 @@ def count_or_off(value: str) -> int | None:
     return None if value.lower() in ("off", "none") else int(value)
 
 
+def slack_or_off(value: str) -> float | None:
+    """A share >= 0, or 'off'/'none' for a setting that None turns off."""
+    return None if value.lower() in ("off", "none") else float(value)
+
+
 def threshold_arg(value: str) -> int | None:
     """An integer, or 'auto' (None: the latency model's crossover)."""
     return None if value.lower() == "auto" else int(value)
@@ -93,6 +98,13 @@ FLAGS: dict[str, dict] = {
         help="laps: long requests waiting past which long steps may take twice the long chunk "
              "(where that pads no more tokens), or 'off' "
              f"(default: {_S.overload_requests})"),
+    "finish_slack": dict(
+        type=slack_or_off, default=_S.finish_slack,
+        help="laps: a long step that finishes its first request carries other requests' "
+             "tokens only while predicted at most this share slower than it alone (0.1: 10%%), "
+             "or 'off': long steps are filled to the chunk. Needs a latency model (serve.py: "
+             "--latency-profile) "
+             f"(default: {'off' if _S.finish_slack is None else _S.finish_slack})"),
     "no_overload_check": dict(
         action="store_true",
         help="laps: widen long steps past the overload mark even where that pads more tokens "
@@ -103,7 +115,7 @@ FLAGS: dict[str, dict] = {
 FIELDS = {"threshold": "threshold", "cross_pool": "cross_pool",
           "decode_gap": "decode_gap_s", "long_budget": "long_budget_tokens",
           "aging": "aging_tokens_per_s", "max_wait": "max_wait_s",
-          "overload_requests": "overload_requests"}
+          "overload_requests": "overload_requests", "finish_slack": "finish_slack"}
 
 
 def add_args(g, only: Iterable[str]) -> None:

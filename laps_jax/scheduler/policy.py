@@ -75,6 +75,10 @@ class SchedulerConfig:
                                           # chunks (compute the bucket pays for anyway)
     fill_slack: float = 0.1               # ... and it grows into a bucket of more rows for
                                           # them while predicted at most this much slower
+    finish_slack: float | None = 0.1      # laps: a long step that finishes its first request
+                                          # takes others' tokens only while predicted at most
+                                          # this much slower than it alone (None: filled to
+                                          # the chunk; no effect without a latency model)
 
 
 @dataclasses.dataclass
@@ -101,6 +105,7 @@ class Derived:
     overload_check: bool = True
     queue_order: str = "fcfs"  # mixed's one queue
     long_order: str | None = None  # laps' long pool (None: `order`)
+    finish_slack: float | None = None  # None: long steps filled to the chunk
 
     def is_short(self, new_tokens: int, cached: int = 0) -> bool:
         """The short/long cut, the one place it is made: lanes, the spatial route and the
@@ -132,6 +137,8 @@ def check(cfg: SchedulerConfig) -> None:
         raise ValueError(f"long_chunk_ratio must be > 0, got {cfg.long_chunk_ratio}")
     if cfg.overload_requests is not None and not cfg.overload_requests >= 0:
         raise ValueError(f"overload_requests must be >= 0, got {cfg.overload_requests}")
+    if cfg.finish_slack is not None and not cfg.finish_slack >= 0:
+        raise ValueError(f"finish_slack must be >= 0 or None, got {cfg.finish_slack}")
     if not cfg.fill_slack >= 0:
         raise ValueError(f"fill_slack must be >= 0, got {cfg.fill_slack}")
 
@@ -191,7 +198,8 @@ def derive(cfg: SchedulerConfig, grid: BucketGrid, model: LatencyModel | None) -
     return Derived(threshold, budget, long_budget, postpone, aging, predict, window,
                    cfg.cross_pool, cfg.order, service, gap,
                    max_wait_s=_given(cfg.max_wait_s, 16.0 * full), fill_rows=cfg.fill_rows,
-                   fill_slack=cfg.fill_slack, **overload(long_budget))
+                   fill_slack=cfg.fill_slack, finish_slack=cfg.finish_slack,
+                   **overload(long_budget))
 
 
 def long_chunk(grid: BucketGrid, budget: int, step: Callable[[int], float],
@@ -256,7 +264,9 @@ class LapsPlanner:
         self.long = LongPool(grid, d.long_budget, d.aging, d.max_postpone_s,
                              d.long_order or d.order, d.service,
                              d.max_wait_s, overload=(d.overload_requests, d.overload_budget,
-                                                     d.overload_check))
+                                                     d.overload_check),
+                             finish_fill=None if d.finish_slack is None
+                             else (d.predict, d.finish_slack))
         self.cross_pool, self.fill_rows, self.fill_slack = d.cross_pool, d.fill_rows, d.fill_slack
 
     def add(self, r: Request, now: float) -> None:

@@ -8,7 +8,8 @@ offline job packs its steps with it too. The pools only decide order:
   overtakes: the paper's FCFS baseline), or in any of the pools' orders (HRRN, SRPT...).
 - `ShortPool`: remaining tokens with aging, whole requests, behind a waiting window.
 - `LongPool`: remaining tokens with aging, chunked under the long budget (a larger one while
-  more requests wait than the overload mark); a starved request (not served for
+  more requests wait than the overload mark); a step that finishes its first request takes
+  others' tokens only while nearly free (`finish_slack`); a starved request (not served for
   `max_postpone_s`) goes first.
 """
 
@@ -188,9 +189,11 @@ class LongPool(_Pool):
     def __init__(self, grid: BucketGrid, budget: int, aging_tokens_per_s: float,
                  max_postpone_s: float, order: str = "aging",
                  service: Callable[[int], float] | None = None, max_wait_s: float = 2.0,
-                 overload: tuple[int | None, int, bool] = (None, 0, True)):
+                 overload: tuple[int | None, int, bool] = (None, 0, True),
+                 finish_fill: tuple[Callable[[Work, Bucket], float], float] | None = None):
         super().__init__(grid, budget, aging_tokens_per_s, order, service, max_wait_s)
         self.max_postpone_s = max_postpone_s
+        self.finish_fill = finish_fill
         self.last_step: float | None = None  # when the pool last got a step
         self.forced_steps = 0
         self.overload_requests, self.overload_budget, self.overload_check = overload
@@ -227,6 +230,8 @@ class LongPool(_Pool):
             order.remove(first)
             order.insert(0, first)
         work, bucket, _ = pack(order, self.grid, self.budget, chunk=True, strict=False)
+        if len(work) > 1 and self.finish_fill is not None:
+            work, bucket = self._trim(work, bucket)
         plan = PrefillPlan(work, self.name, bucket) if work else None
         if plan is not None and self.behind():
             wide, wide_bucket, _ = pack(order, self.grid, self.overload_budget, chunk=True,
@@ -237,6 +242,27 @@ class LongPool(_Pool):
         if plan is not None:
             plan.forced = first is not None
         return plan
+
+    def _trim(self, work: Work, bucket: Bucket) -> tuple[Work, Bucket]:
+        """A step that finishes its first request carries the next requests' tokens only while
+        predicted at most the slack slower than that request alone. Past the short cut a
+        step's cost per token barely depends on its size, so filling it to the chunk saves
+        the others a step's overhead and makes the finishing request wait for their tokens
+        (a 200-token turn over a cached history, Qwen2.5-32B on an H200: 18 ms alone, 44 ms
+        filled to a 512-token chunk)."""
+        predict, slack = self.finish_fill
+        first, n = work[0]
+        if n < first.remaining:
+            return work, bucket
+        alone = fits(self.grid, 1, n, self.budget)
+        if alone is None:
+            return work, bucket
+        limit = (1.0 + slack) * predict(work[:1], alone)
+        for k in range(len(work), 1, -1):
+            b = fits(self.grid, k, max(m for _, m in work[:k]), self.budget)
+            if b is not None and predict(work[:k], b) <= limit:
+                return work[:k], b
+        return work[:1], alone
 
     def _pads_no_more(self, wide: Work, bucket: Bucket) -> bool:
         """`wide`'s bucket holds no more tokens than the one-row chunks under the long budget

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=("laps", "laps-spatial", "mixed"), default="laps",
                    help="laps: short and long prefill pools on one device (default); "
                         "laps-spatial: each pool on its own device group; mixed: FCFS baseline")
-    scheduler_flags.add_args(s, ("threshold", "order", "long_order"))
+    scheduler_flags.add_args(s, ("threshold", "order", "long_order", "finish_slack"))
     s.add_argument("--latency-profile", default=None,
                    help="profile.json from scripts/profile_latency.py (calibrates the threshold, "
                         "the waiting window and laps' long-chunk size; without it long chunks "

@@ -74,7 +74,7 @@ def add_instance_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (16)")
     g.add_argument("--max-model-len", type=int, default=32768, help="context limit (32768)")
     scheduler_flags.add_args(g, ("threshold", "order", "long_order", "window", "overload_requests",
-                                 "no_overload_check", "static_window_ms"))
+                                 "no_overload_check", "finish_slack", "static_window_ms"))
     g.add_argument("--spatial-devices", type=int, choices=(1, 2), default=1,
                    help="laps-spatial: both lanes share one device (1, default) or own one each")
     g.add_argument("--spatial-overlap", type=float, default=0.0,
