@@ -31,9 +31,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the reference router (default smg:cache_aware)")
     ap.add_argument("--allow-mixed", action="store_true",
                     help="pool runs whose settings for the trace differ")
+    ap.add_argument("--speed-adjusted", action="store_true",
+                    help="recount each replay's misses against targets scaled by how slow the "
+                         "instances ran in it (its prefill ms per request over the pair's "
+                         "mean): takes the machine's drift within a run out; needs runs that "
+                         "recorded it and their per-request records")
     ap.add_argument("--draws", type=int, default=10000, help="bootstrap draws (default 10000)")
     args = ap.parse_args(argv)
-    runs = {os.path.basename(os.path.normpath(d)): read_run(d) for d in args.runs}
+    dirs = {os.path.basename(os.path.normpath(d)): d for d in args.runs}
+    runs = {name: read_run(d) for name, d in dirs.items()}
     if len(runs) != len(args.runs):
         ap.error("two run dirs share a name; give each run its own folder name")
     differ = bp.mismatched(runs, args.trace)
@@ -41,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         print("the runs' settings for this trace differ (--allow-mixed to pool anyway):\n" +
               "\n".join(f"  {k}: {v}" for k, v in differ.items()), file=sys.stderr)
         return 2
-    ps = bp.pairs(runs, args.trace, args.router, args.against)
+    ps = (bp.speed_adjusted(dirs, runs, args.trace, args.router, args.against)
+          if args.speed_adjusted else bp.pairs(runs, args.trace, args.router, args.against))
     if not ps:
         print(f"no round of trace {args.trace!r} has both {args.router!r} and "
-              f"{args.against!r}", file=sys.stderr)
+              f"{args.against!r}" + (" with their speed and per-request records"
+                                     if args.speed_adjusted else ""), file=sys.stderr)
         return 2
     print(bp.markdown(ps, bp.summary(ps, args.draws), args.router, args.against), end="")
     return 0

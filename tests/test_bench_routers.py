@@ -528,3 +528,67 @@ def test_two_traces_of_one_kind_are_told_apart_by_name():
                 ["--trace", "a=nosuch:x"], ["--trace", "a=sessions:"]):
         with pytest.raises(SystemExit):
             script.parse_args(["--output-dir", "o", *bad])
+
+
+def test_instance_step_counters_per_request():
+    """Lane seconds, steps and rows read from /metrics text, and their growth per request."""
+    from laps_jax.bench.instance_steps import counters, per_request
+    text = (
+        '# TYPE laps_lane_seconds counter\n'
+        'laps_lane_seconds_total{kind="prefill",lane="laps"} 2.0\n'
+        'laps_lane_seconds_total{kind="decode",lane="laps"} 1.0\n'
+        '# TYPE laps_prefill_batches counter\n'
+        'laps_prefill_batches_total{lane="laps",size="1"} 4.0\n'
+        'laps_prefill_batches_total{lane="laps",size="3"} 2.0\n'
+        '# TYPE laps_decode_batches counter\n'
+        'laps_decode_batches_total{lane="laps",size="2"} 10.0\n'
+        '# TYPE laps_filled_long_tokens counter\n'
+        'laps_filled_long_tokens_total{lane="laps"} 64.0\n'
+        '# TYPE laps_requests counter\n'
+        'laps_requests_total{endpoint="/metrics",status="200"} 9.0\n')
+    c = counters(text)
+    assert c == {"prefill_s": 2.0, "decode_s": 1.0, "prefill_steps": 6.0, "prefill_rows": 10.0,
+                 "decode_steps": 10.0, "decode_rows": 20.0, "filled_long_tokens": 64.0}
+    before = dict(c, prefill_s=1.0, prefill_steps=2.0, prefill_rows=2.0, decode_steps=0.0,
+                  decode_rows=0.0)
+    d = per_request(before, c, 4)
+    assert d["instances_prefill_ms_per_request"] == 250.0
+    assert d["instances_decode_ms_per_request"] == 0.0
+    assert d["prefill_steps_per_request"] == 1.0 and d["prefill_batch_mean"] == 2.0
+    assert d["decode_steps_per_request"] == 2.5 and d["decode_batch_mean"] == 2.0
+    assert per_request(None, c, 4) == {}
+
+
+def test_router_pairs_speed_adjusted_scale_each_replays_targets_by_its_speed(tmp_path, capsys):
+    """A replay whose instances ran 1.5x the pair's mean compute per request is judged against
+    1.5x its targets, the other (0.5x) against half of them: TTFT 140 ms over a 100 ms target
+    misses raw, not at 1.5x; 60 ms meets it raw, misses at 0.5x. Rounds without the speed
+    figure are left out."""
+    from laps_jax.bench import pairs as bp
+    iso = {"tokens": [1, 1000], "ms": [20.0, 20.0]}  # 5 x 20 = a 100 ms target everywhere
+    run = {"args": {"slo_scale": 5, "block": 0, "rounds": 2}, "isolated_ttft": iso,
+           "blocks_per_round": {"t": 1}, "complete": True,
+           "traces": {"t": {"rounds": [
+               {"a": {"slo_violations": 2, bp.SPEED: 300.0},
+                "b": {"slo_violations": 0, bp.SPEED: 100.0}},
+               {"a": {"slo_violations": 2}, "b": {"slo_violations": 0}}]}}}
+    d = tmp_path / "run"
+    logs = d / "bench_routers_x"
+    logs.mkdir(parents=True)
+    (d / rb.RUN_FILE).write_text(json.dumps(run))
+    def rec(i, ttft):
+        return json.dumps({"request_id": str(i), "new_tokens": 50, "status": 200,
+                           "ttft_s": ttft})
+    for rnd in (1, 2):
+        (logs / f"requests_t_r{rnd}_a.jsonl").write_text(
+            "\n".join([rec(0, 0.14), rec(1, 0.16), json.dumps({"router_status": {}})]) + "\n")
+        (logs / f"requests_t_r{rnd}_b.jsonl").write_text(
+            "\n".join([rec(0, 0.06), rec(1, 0.04)]) + "\n")
+    runs = {"run": rb.read_run(str(d))}
+    assert [(p.router, p.reference) for p in bp.pairs(runs, "t", "a", "b")] == [(2, 0), (2, 0)]
+    adj = bp.speed_adjusted({"run": str(d)}, runs, "t", "a", "b")
+    assert [(p.round_no, p.router, p.reference) for p in adj] == [(1, 1, 1)]
+    script = load_script("bench_router_pairs")
+    assert script.main([str(d), "--trace", "t", "--router", "a", "--against", "b",
+                        "--speed-adjusted"]) == 0
+    assert "pooled 1 / 1 = 1.00" in capsys.readouterr().out

@@ -19,10 +19,19 @@ honest one when the machine's speed drifts between rounds.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
+import os
 import random
 import statistics
+from types import SimpleNamespace
+
+from laps_jax.bench.bands import over_target
+from laps_jax.bench.isolated import IsolatedTTFT
+from laps_jax.bench.routers import records_path, round_tag
+
+SPEED = "instances_prefill_ms_per_request"  # a replay's own measure of the machine's speed
 
 # settings two runs must share for their rounds to be pooled (routers.json's `args`)
 SAME = ("max_requests", "length_scale", "time_scale", "sample", "instances", "model",
@@ -83,6 +92,42 @@ def pairs(runs: dict[str, dict], trace: str, router: str, reference: str) -> lis
                     and b.get("slo_violations") is not None:
                 out.append(Pair(name, k // per + 1, int(a["slo_violations"]),
                                 int(b["slo_violations"]), k % per + 1 if per > 1 else 0))
+    return out
+
+
+def speed_adjusted(run_dirs: dict[str, str], runs: dict[str, dict], trace: str, router: str,
+                   reference: str) -> list[Pair]:
+    """`pairs`, with each replay's misses recounted against targets scaled by how slow the
+    instances ran in it: target x its prefill ms per request / the pair's mean. The routers
+    of the runs measured here leave the instances the same steps (bench/instance_steps.py),
+    yet a replay's compute per request drifts by a tenth or more within a run, and its misses
+    follow that drift; scaled targets take the drift out, and with it the small part of the
+    speed a router's placement causes (two busy instances slow each other). Rounds without
+    the speed or the per-request records (runs made before either, blocks) are left out."""
+    out = []
+    for name, run in runs.items():
+        logs = sorted(glob.glob(os.path.join(run_dirs[name], "bench_routers_*")),
+                      key=os.path.getmtime)
+        if not logs or not run.get("isolated_ttft") or blocks_per_round(run, trace) > 1:
+            continue
+        iso, scale = IsolatedTTFT.from_json(run["isolated_ttft"]), run["args"]["slo_scale"]
+        for k, row in enumerate(run.get("traces", {}).get(trace, {}).get("rounds", [])):
+            a, b = row.get(router) or {}, row.get(reference) or {}
+            if not a.get(SPEED) or not b.get(SPEED):
+                continue
+            mean = (a[SPEED] + b[SPEED]) / 2
+            misses = []
+            for who, speed in ((router, a[SPEED]), (reference, b[SPEED])):
+                path = records_path(logs[-1], round_tag(trace, k + 1), who)
+                if not os.path.exists(path):
+                    break
+                with open(path) as fh:
+                    recs = [SimpleNamespace(**r) for r in map(json.loads, fh) if "request_id" in r]
+                slow = speed / mean
+                target = lambda r: slow * scale * iso(r.new_tokens)  # noqa: E731
+                misses.append(sum(over_target(r, target) > 1 for r in recs))
+            if len(misses) == 2:
+                out.append(Pair(name, k + 1, misses[0], misses[1]))
     return out
 
 

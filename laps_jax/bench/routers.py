@@ -36,6 +36,7 @@ import numpy as np
 
 from laps_jax.bench.bands import by_band, over_target, pooled_bands
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
+from laps_jax.bench.instance_steps import per_request, read_counters
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
 from laps_jax.cluster.upstream import parse_metrics
@@ -48,7 +49,7 @@ from laps_jax.workload.records import Trace
 # what a router is judged on, and which way is better
 FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean",
            "ttft_ms_p90", "ttft_short_ms_p90", "throughput_tokens_per_s", "completed", "failed",
-           "router_cpu_ms_per_request", "loop_stalls")
+           "router_cpu_ms_per_request", "loop_stalls", "instances_prefill_ms_per_request")
 REFERENCES = ("round-robin", "smg:cache_aware")
 # "round-robin" is plain data parallelism (#24's baseline): ours without its prefix-affinity rule
 DEFAULT_ROUTERS = ("round-robin=round-robin --no-affinity", "least-load", "laps",
@@ -85,11 +86,13 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
                 "client": [os.getpid()]}  # (the replay runs in this process)
         try:
             stalls0 = loop_stalls(urls)
+            steps0 = read_counters(urls)
             cpu0 = _cpu(pids)
             with CpuMeter() as meter:
                 result = asyncio.run(replay(router.url, work, ReplayConfig(
                     short_threshold=short_threshold, progress=False, api=spec.api)))
             cpu1 = _cpu(pids)
+            steps1 = read_counters(urls)
             status = _router_status(router.url) if spec.kind == "laps" else None
             stalls = loop_stalls(urls + ([router.url] if spec.kind == "laps" else []))
         finally:
@@ -104,6 +107,7 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
             if cpu0[who] is not None and cpu1[who] is not None:  # share the cores
                 out[spec.name][f"{who}_cpu_ms_per_request"] = (
                     1000 * (cpu1[who] - cpu0[who]) / max(len(result.requests), 1))
+        out[spec.name].update(per_request(steps0, steps1, len(result.requests)))
         errors = failure_counts(result.requests)
         if errors:  # kept in routers.json: a failure is a violation, and its cause matters
             out[spec.name]["errors"] = errors
@@ -260,7 +264,8 @@ def markdown(summary: dict) -> str:
     refs = list(summary["ratios"])
     pool = summary.get("pooled", {})
     head = (["router", "SLO viol.", "pooled viol.", "TTFT > fixed", "mean TTFT ms", "p90 TTFT ms",
-             "short p90 TTFT ms", "tok/s", "failed", "loop stalls", "router CPU ms/req"]
+             "short p90 TTFT ms", "tok/s", "failed", "loop stalls", "router CPU ms/req",
+             "instances' prefill ms/req"]
             + [f"viol. / {r}" for r in refs] + [f"pooled / {r}" for r in refs]
             + [f"tok/s / {r}" for r in refs])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -272,7 +277,8 @@ def markdown(summary: dict) -> str:
                _cell(f["prefill_latency_ms_mean"]), _cell(f["ttft_ms_p90"]),
                _cell(f["ttft_short_ms_p90"]), _cell(f["throughput_tokens_per_s"]),
                _cell(f["failed"]), _cell(f.get("loop_stalls")),
-               _cell(f.get("router_cpu_ms_per_request"))]
+               _cell(f.get("router_cpu_ms_per_request")),
+               _cell(f.get("instances_prefill_ms_per_request"))]
         for r in refs:
             x = summary["ratios"][r][name].get("slo_violation_rate")
             row.append("-" if x is None else f"{x:.2f}")
