@@ -13,39 +13,29 @@ the bands and the pooling are bench_routers.py's (`laps_jax.bench.bands`).
 from __future__ import annotations
 
 import argparse
-import glob
-import json
-import os
 import sys
-from types import SimpleNamespace
 
 from laps_jax.bench import bands as bb
-from laps_jax.bench.isolated import IsolatedTTFT
-from laps_jax.bench.routers import read_run, records_path, round_tag
+from laps_jax.bench.routers import read_run, replay_records, run_targets
 
 
 def recount(run_dir: str) -> dict[str, dict]:
     """{trace: {"bands": {router: pooled bands}}}, as `routers.summarize` would give them, for
     every replay routers.json lists whose records are on disk."""
     run = read_run(run_dir)
-    if not run.get("isolated_ttft") or not run["args"].get("slo_scale"):
+    target = run_targets(run)
+    if target is None:
         raise SystemExit(f"{run_dir}: the run timed no isolated TTFT (--slo-scale 0): "
                          "no per-request targets to count against")
-    iso = IsolatedTTFT.from_json(run["isolated_ttft"])
-    scale = run["args"]["slo_scale"]
-    logs = sorted(glob.glob(os.path.join(run_dir, "bench_routers_*")), key=os.path.getmtime)
     out = {}
     for trace, t in run.get("traces", {}).items():
         rounds = []
         for k, routers in enumerate(t["rounds"]):
             row = {}
             for name in routers:
-                path = records_path(logs[-1], round_tag(trace, k + 1), name) if logs else ""
-                if os.path.exists(path):
-                    with open(path) as f:
-                        recs = [SimpleNamespace(**r) for r in map(json.loads, f)
-                                if "request_id" in r]
-                    row[name] = {"bands": bb.by_band(recs, lambda r: scale * iso(r.new_tokens))}
+                recs = replay_records(run_dir, trace, k + 1, name)
+                if recs is not None:
+                    row[name] = {"bands": bb.by_band(recs, target)}
             rounds.append(row)
         names = list(dict.fromkeys(n for r in rounds for n in r))
         if names:

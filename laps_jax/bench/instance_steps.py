@@ -10,8 +10,6 @@ kind of step it was (bench_routers.py prints them per router).
 
 from __future__ import annotations
 
-import urllib.request
-
 from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS = ("laps_lane_seconds",        # seconds by kind: prefill, decode, host
@@ -20,16 +18,13 @@ COUNTERS = ("laps_lane_seconds",        # seconds by kind: prefill, decode, host
             "laps_filled_long_tokens")  # long-chunk tokens in short batches' empty rows
 
 
-def read_counters(urls: list[str], timeout: float = 5.0) -> dict[str, float] | None:
-    """The instances' step counters (`counters`) summed over `urls`; None when one instance
-    cannot be read."""
+def summed(texts: list[str] | None) -> dict[str, float] | None:
+    """`counters` summed over several instances' /metrics texts (routers.metrics_texts);
+    None when they could not be read."""
+    if texts is None:
+        return None
     out: dict[str, float] = {}
-    for url in urls:
-        try:
-            with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
-                text = r.read().decode()
-        except (OSError, ValueError):
-            return None
+    for text in texts:
         for k, v in counters(text).items():
             out[k] = out.get(k, 0.0) + v
     return out

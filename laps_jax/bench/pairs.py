@@ -19,17 +19,13 @@ honest one when the machine's speed drifts between rounds.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import math
-import os
 import random
 import statistics
-from types import SimpleNamespace
 
 from laps_jax.bench.bands import over_target
-from laps_jax.bench.isolated import IsolatedTTFT
-from laps_jax.bench.routers import records_path, round_tag
+from laps_jax.bench.routers import replay_records, run_targets
 
 SPEED = "instances_prefill_ms_per_request"  # a replay's own measure of the machine's speed
 
@@ -106,11 +102,9 @@ def speed_adjusted(run_dirs: dict[str, str], runs: dict[str, dict], trace: str, 
     the speed or the per-request records (runs made before either, blocks) are left out."""
     out = []
     for name, run in runs.items():
-        logs = sorted(glob.glob(os.path.join(run_dirs[name], "bench_routers_*")),
-                      key=os.path.getmtime)
-        if not logs or not run.get("isolated_ttft") or blocks_per_round(run, trace) > 1:
+        target = run_targets(run)
+        if target is None or blocks_per_round(run, trace) > 1:
             continue
-        iso, scale = IsolatedTTFT.from_json(run["isolated_ttft"]), run["args"]["slo_scale"]
         for k, row in enumerate(run.get("traces", {}).get(trace, {}).get("rounds", [])):
             a, b = row.get(router) or {}, row.get(reference) or {}
             if not a.get(SPEED) or not b.get(SPEED):
@@ -118,14 +112,11 @@ def speed_adjusted(run_dirs: dict[str, str], runs: dict[str, dict], trace: str, 
             mean = (a[SPEED] + b[SPEED]) / 2
             misses = []
             for who, speed in ((router, a[SPEED]), (reference, b[SPEED])):
-                path = records_path(logs[-1], round_tag(trace, k + 1), who)
-                if not os.path.exists(path):
+                recs = replay_records(run_dirs[name], trace, k + 1, who)
+                if recs is None:
                     break
-                with open(path) as fh:
-                    recs = [SimpleNamespace(**r) for r in map(json.loads, fh) if "request_id" in r]
                 slow = speed / mean
-                target = lambda r: slow * scale * iso(r.new_tokens)  # noqa: E731
-                misses.append(sum(over_target(r, target) > 1 for r in recs))
+                misses.append(sum(over_target(r, lambda r: slow * target(r)) > 1 for r in recs))
             if len(misses) == 2:
                 out.append(Pair(name, k + 1, misses[0], misses[1]))
     return out

@@ -28,15 +28,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import glob
 import json
 import os
 import urllib.request
+from types import SimpleNamespace
 
 import numpy as np
 
 from laps_jax.bench.bands import by_band, over_target, pooled_bands
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
-from laps_jax.bench.instance_steps import per_request, read_counters
+from laps_jax.bench.instance_steps import per_request, summed
+from laps_jax.bench.isolated import IsolatedTTFT
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
 from laps_jax.cluster.upstream import parse_metrics
@@ -85,29 +88,31 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         pids = {"router": [router.proc.pid], "instances": [p.proc.pid for p in instances],
                 "client": [os.getpid()]}  # (the replay runs in this process)
         try:
-            stalls0 = loop_stalls(urls)
-            steps0 = read_counters(urls)
+            before = metrics_texts(urls)
             cpu0 = _cpu(pids)
             with CpuMeter() as meter:
                 result = asyncio.run(replay(router.url, work, ReplayConfig(
                     short_threshold=short_threshold, progress=False, api=spec.api)))
             cpu1 = _cpu(pids)
-            steps1 = read_counters(urls)
+            after = metrics_texts(urls)
             status = _router_status(router.url) if spec.kind == "laps" else None
-            stalls = loop_stalls(urls + ([router.url] if spec.kind == "laps" else []))
+            # our router counts its event-loop stalls too (smg does not)
+            mine = metrics_texts([router.url]) if spec.kind == "laps" else []
         finally:
             router.stop()
         if tag:
             _write_records(records_path(log_dir, tag, spec.name), result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
         out[spec.name]["steal_share"] = meter.steal  # the hypervisor's share of the cores
+        stalls0 = stalls_of(before)
+        stalls = stalls_of(None if after is None or mine is None else after + mine)
         if stalls is not None and stalls0 is not None:  # event-loop stalls during the replay:
             out[spec.name]["loop_stalls"] = stalls - stalls0  # instances', and our router's
         for who in pids:  # CPU per request of the router, the instances, the client: they
             if cpu0[who] is not None and cpu1[who] is not None:  # share the cores
                 out[spec.name][f"{who}_cpu_ms_per_request"] = (
                     1000 * (cpu1[who] - cpu0[who]) / max(len(result.requests), 1))
-        out[spec.name].update(per_request(steps0, steps1, len(result.requests)))
+        out[spec.name].update(per_request(summed(before), summed(after), len(result.requests)))
         errors = failure_counts(result.requests)
         if errors:  # kept in routers.json: a failure is a violation, and its cause matters
             out[spec.name]["errors"] = errors
@@ -168,6 +173,26 @@ def read_run(run_dir: str) -> dict:
         raise SystemExit(f"{path}: not JSON ({e})")
 
 
+def replay_records(run_dir: str, trace: str, round_no: int, router: str) -> list | None:
+    """One finished replay's per-request records (`records_path`, in the run's newest
+    bench_routers_* log dir) as objects with the records' fields; None when not on disk."""
+    logs = sorted(glob.glob(os.path.join(run_dir, "bench_routers_*")), key=os.path.getmtime)
+    path = records_path(logs[-1], round_tag(trace, round_no), router) if logs else ""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return [SimpleNamespace(**r) for r in map(json.loads, f) if "request_id" in r]
+
+
+def run_targets(run: dict):
+    """The run's own per-request TTFT target in ms (`--slo-scale` x the isolated TTFT it
+    measured at the request's new tokens), or None when it timed none (--slo-scale 0)."""
+    if not run.get("isolated_ttft") or not run["args"].get("slo_scale"):
+        return None
+    iso, scale = IsolatedTTFT.from_json(run["isolated_ttft"]), run["args"]["slo_scale"]
+    return lambda r: scale * iso(r.new_tokens)
+
+
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
     """CPU seconds used so far by each group of processes (None where one is unreadable)."""
     out = {}
@@ -177,21 +202,40 @@ def _cpu(pids: dict[str, list[int]]) -> dict[str, float | None]:
     return out
 
 
-def loop_stalls(urls: list[str]) -> float | None:
-    """Event-loop stalls the processes at `urls` have counted so far (`laps_event_loop_stalls`
-    in their /metrics, read as the router reads an instance's); None when one cannot be read
-    or does not count them (smg)."""
-    total = 0.0
+def metrics_texts(urls: list[str]) -> list[str] | None:
+    """The /metrics text of each process at `urls`, read once for every figure taken from it
+    (`stalls_of`, `instance_steps.summed`); None when one cannot be read."""
+    out = []
     for url in urls:
         try:
             with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-                stalls = parse_metrics(r.read().decode()).loop_stalls
+                out.append(r.read().decode())
         except (OSError, ValueError):
+            return None
+    return out
+
+
+def stalls_of(texts: list[str] | None) -> float | None:
+    """Event-loop stalls counted so far in these /metrics texts (`laps_event_loop_stalls`,
+    read as the router reads an instance's); None when a text is missing, malformed, or does
+    not count them (smg)."""
+    if texts is None:
+        return None
+    total = 0.0
+    for text in texts:
+        try:
+            stalls = parse_metrics(text).loop_stalls
+        except ValueError:
             return None
         if stalls is None:
             return None
         total += stalls
     return total
+
+
+def loop_stalls(urls: list[str]) -> float | None:
+    """Event-loop stalls the processes at `urls` have counted so far (`stalls_of`)."""
+    return stalls_of(metrics_texts(urls))
 
 
 def _router_status(url: str) -> dict | None:
