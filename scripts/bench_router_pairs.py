@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-adjusted", action="store_true",
                     help="recount each replay's misses against targets scaled by how slow the "
                          "instances ran in it (its prefill ms per request over the pair's "
-                         "mean): takes the machine's drift within a run out; needs runs that "
-                         "recorded it and their per-request records")
+                         "mean): takes the machine's drift within a run out, and also any "
+                         "slowdown the router itself causes (read it beside the raw counts); "
+                         "needs runs that recorded it and their per-request records")
     ap.add_argument("--draws", type=int, default=10000, help="bootstrap draws (default 10000)")
     args = ap.parse_args(argv)
     dirs = {os.path.basename(os.path.normpath(d)): d for d in args.runs}

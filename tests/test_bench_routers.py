@@ -592,3 +592,13 @@ def test_router_pairs_speed_adjusted_scale_each_replays_targets_by_its_speed(tmp
     assert script.main([str(d), "--trace", "t", "--router", "a", "--against", "b",
                         "--speed-adjusted"]) == 0
     assert "pooled 1 / 1 = 1.00" in capsys.readouterr().out
+
+
+def test_bench_poll_cost_refuses_empty_runs(capsys):
+    mod = load_script("bench_poll_cost")
+    a = mod.parse_args([])
+    assert (a.instances, a.phases, a.requests, a.prompt_tokens) == (2, 6, 40, 250)
+    for flag in ("--instances", "--phases", "--requests", "--prompt-tokens"):
+        with pytest.raises(SystemExit):
+            mod.parse_args([flag, "0"])
+        assert flag in capsys.readouterr().err

@@ -97,9 +97,12 @@ def speed_adjusted(run_dirs: dict[str, str], runs: dict[str, dict], trace: str, 
     instances ran in it: target x its prefill ms per request / the pair's mean. The routers
     of the runs measured here leave the instances the same steps (bench/instance_steps.py),
     yet a replay's compute per request drifts by a tenth or more within a run, and its misses
-    follow that drift; scaled targets take the drift out, and with it the small part of the
-    speed a router's placement causes (two busy instances slow each other). Rounds without
-    the speed or the per-request records (runs made before either, blocks) are left out."""
+    follow that drift; scaled targets take the drift out, and with it the part of the speed
+    a router's placement causes (two busy instances slow each other: behind laps-inflow the
+    instances computed 1.04x smg cache_aware's prefill ms per request over 20 paired
+    rounds). That part favours the router that slows the instances, so read this beside
+    the raw counts. Rounds without the speed or the per-request records (runs made before
+    either, blocks) are left out."""
     out = []
     for name, run in runs.items():
         target = run_targets(run)
