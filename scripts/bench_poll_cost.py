@@ -24,12 +24,11 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from laps_jax.bench import router_procs as rp
-from laps_jax.bench.instance_steps import counters
+from laps_jax.bench.instance_steps import summed
 from laps_jax.bench.isolated import served_model
+from laps_jax.bench.routers import metrics_texts
 from laps_jax.cluster.instances import POLL_INTERVAL_S
 from laps_jax.config import resolve_model
-
-SERVE_ARGS = "--max-chunk 256 --max-prefill-batch 4 --max-decode-batch 8 --kv-cache-tokens 32768"
 
 
 def parse_args(argv=None):
@@ -42,7 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-tokens", type=int, default=250, help="prompt length (default 250)")
     ap.add_argument("--model", default="bench-cpu", help="the instances' model (default "
                     "bench-cpu)")
-    ap.add_argument("--serve-args", default=SERVE_ARGS, help="serve.py flags (default: "
+    ap.add_argument("--serve-args", default=rp.BENCH_SERVE_ARGS, help="serve.py flags (default: "
                     "%(default)s)")
     a = ap.parse_args(argv)
     if min(a.instances, a.phases, a.requests, a.prompt_tokens) < 1:
@@ -80,7 +79,13 @@ def phase(urls: list[str], model: str, poll: bool, n: int, tokens: int, vocab: i
         for _ in range(n):
             complete(url, model, [rng.randrange(10, vocab - 10) for _ in range(tokens)])
 
-    before = [counters(get(u + "/metrics")) for u in urls]
+    def prefill_s() -> float:
+        c = summed(metrics_texts(urls))
+        if c is None:
+            raise RuntimeError("an instance's /metrics could not be read")
+        return c.get("prefill_s", 0.0)
+
+    before = prefill_s()
     threads = [threading.Thread(target=drive, args=(u, k)) for k, u in enumerate(urls)]
     if poll:
         threads.append(threading.Thread(target=poller))
@@ -91,9 +96,7 @@ def phase(urls: list[str], model: str, poll: bool, n: int, tokens: int, vocab: i
     stop.set()
     for t in threads[len(urls):]:
         t.join()
-    after = [counters(get(u + "/metrics")) for u in urls]
-    spent = sum(a.get("prefill_s", 0.0) - b.get("prefill_s", 0.0) for a, b in zip(after, before))
-    return 1000 * spent / (n * len(urls))
+    return 1000 * (prefill_s() - before) / (n * len(urls))
 
 
 def main(argv=None) -> None:

@@ -25,8 +25,6 @@ from laps_jax.bench.isolated import served_model
 from laps_jax.config import resolve_model
 from laps_jax.workload.http_client import ReplayConfig, RequestRecord, stream_completion
 
-SERVE_ARGS = "--max-chunk 256 --max-prefill-batch 4 --max-decode-batch 8 --kv-cache-tokens 32768"
-
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +36,7 @@ def parse_args(argv=None):
     ap.add_argument("--routers", default="laps,round-robin=round-robin --no-affinity,"
                     "smg:round_robin", help="comma-separated, as bench_routers.py's --routers "
                     "(default: %(default)s)")
-    ap.add_argument("--serve-args", default=SERVE_ARGS, help="serve.py flags (default: "
+    ap.add_argument("--serve-args", default=rp.BENCH_SERVE_ARGS, help="serve.py flags (default: "
                     "%(default)s)")
     a = ap.parse_args(argv)
     if a.requests < 1 or a.prompt_tokens < 1:

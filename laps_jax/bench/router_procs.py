@@ -21,6 +21,9 @@ from laps_jax.workload.http_compare import free_port, wait_ready
 
 # XLA CPU: one intra-op thread, no multi-threaded Eigen
 ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# the CPU instances' serve flags in the router benchmarks (docs/BENCHMARKS.md's `SA`)
+BENCH_SERVE_ARGS = ("--max-chunk 256 --max-prefill-batch 4 --max-decode-batch 8 "
+                    "--kv-cache-tokens 32768")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
