@@ -13,7 +13,7 @@ from laps_jax.bench.kv_transfer import run, table
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="bench-cpu", help="a preset or model directory (shapes)")
     ap.add_argument("--profile", default=None,
                     help="latency profile of the same model (prefill time, for TTFT share)")

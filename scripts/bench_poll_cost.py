@@ -32,7 +32,7 @@ from laps_jax.config import resolve_model
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--instances", type=int, default=2, help="serve.py processes (default 2)")
     ap.add_argument("--phases", type=int, default=6, help="phases, alternately without and "
                     "with the poller (default 6)")

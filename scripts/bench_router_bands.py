@@ -47,7 +47,7 @@ def recount(run_dir: str) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="a bench_routers.py --output-dir")
     args = ap.parse_args(argv)
     for trace, summary in recount(args.run_dir).items():

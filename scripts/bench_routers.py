@@ -61,7 +61,7 @@ PER_KIND = {
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", action="append", metavar="[NAME=]KIND:PATH",
                     help=f"a trace to replay, KIND one of {', '.join(FORMATS)}, reported as "
                          "NAME (default: KIND; name two traces of one kind, e.g. "

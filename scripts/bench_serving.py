@@ -28,7 +28,7 @@ from laps_jax.workload.load import add_trace_args, load, trace_options_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")

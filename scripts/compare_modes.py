@@ -23,7 +23,7 @@ from laps_jax.workload.load import add_trace_args  # noqa: E402
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=DefaultsHelpFormatter)
     add_engine_args(ap)
     ap.set_defaults(model="bench-cpu", max_model_len=4096, max_chunk=512, max_decode_batch=16,

@@ -171,7 +171,7 @@ def attention_cost(B: int, new: int, cached: int, nq: int, kvh: int, hd: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke check)")

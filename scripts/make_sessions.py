@@ -21,7 +21,7 @@ from laps_jax.workload.sessions import session_summary, write_sessions_jsonl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--member", default=None,
                    help="a trace family member (its lengths, turns, think times, bursts and "
                         "shared prefixes; --mean-turns and --max-turns then do not apply)")

@@ -45,7 +45,7 @@ def gpu_thresholds() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_engine_args(ap)
     ap.add_argument("--output", required=True, help="profile JSON to write")
     ap.add_argument("--shapes", type=int, default=40, help="step shapes to time (default 40)")

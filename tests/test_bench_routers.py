@@ -304,12 +304,65 @@ def test_router_hop_flags():
     """bench_router_hop.py's defaults and its refusal of counts it cannot run."""
     hop = load_script("bench_router_hop")
     a = hop.parse_args([])
-    assert (a.requests, a.prompt_tokens, a.model) == (60, 8, "bench-cpu")
+    assert (a.requests, a.prompt_tokens, a.model, a.instant) == (60, [8], "bench-cpu", False)
+    assert hop.parse_args(["--prompt-tokens", "100,2000", "--instant"]).prompt_tokens == \
+        [100, 2000]
     specs = [rp.RouterSpec.parse(s) for s in a.routers.split(",")]
     assert [s.name for s in specs] == ["laps", "round-robin", "smg:round_robin"]
-    for bad in (["--requests", "0"], ["--prompt-tokens", "0"]):
+    for bad in (["--requests", "0"], ["--prompt-tokens", "0"], ["--prompt-tokens", "8,0"],
+                ["--prompt-tokens", "8,x"], ["--prompt-tokens", ","]):
         with pytest.raises(SystemExit):
             hop.parse_args(bad)
+
+
+def test_the_instant_instance_answers_through_the_router_as_serve_py_does():
+    """bench_router_hop.py --instant's instance: the router polls it healthy with its
+    reported threshold (one read of /load), relays its stream (token-id lines dropped) and
+    the replay client reads it as it reads serve.py's, through the router and on /generate."""
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+
+    from laps_jax.bench import instant_instance
+    from laps_jax.workload.http_client import ReplayConfig, stream_completion
+    from router_utils import RouterThread, sse
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(instant_instance.make_app(), access_log=None)
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def start():
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+    url = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    router = RouterThread([url])
+    try:
+        status = router.wait(lambda s: s["healthy"] == 1, what="the instance healthy")
+        assert status["threshold"] == 256 and status["instances"][0]["long_chunk"] == 256
+        events = sse(router.url, "/v1/completions", {"model": instant_instance.MODEL,
+                                                     "prompt": [5] * 40, "max_tokens": 3,
+                                                     "stream": True})
+        assert [e["choices"][0]["text"] for e in events[:-1]] == ["a", "a", "a"]
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        assert events[-1] == "[DONE]"
+
+        async def replay(base: str, api: str) -> RequestRecord:
+            rec = RequestRecord(request_id="r", arrival_s=0.0, max_tokens=4)
+            async with aiohttp.ClientSession() as http:
+                ids = await stream_completion(http, base, instant_instance.MODEL, [9] * 3000,
+                                              rec, ReplayConfig(api=api, progress=False), 0.0)
+            assert ids == [instant_instance.TOKEN_ID] * 4, rec.error
+            return rec
+        for base, api in ((router.url, "openai"), (url, "sglang")):
+            rec = asyncio.run(replay(base, api))
+            assert rec.error is None and rec.output_tokens == 4 and rec.ttft_s > 0
+    finally:
+        router.close()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_band_recount_of_a_run_reads_its_records_and_targets(tmp_path, capsys):

@@ -237,6 +237,19 @@ def test_a_forged_report_marks_that_instance_down_and_polling_goes_on():
     assert seen[1] == ("ok", 342.0)
 
 
+def test_the_routers_block_hashes_are_the_engines():
+    """`prompt_hashes` (the tokens turned to bytes once) gives the hashes the engine registers
+    for the same prompt's full pages, over the whole id range, and stops at `limit`."""
+    rng = random.Random(11)
+    for page in (1, 4, 16):
+        ids = [rng.randrange(1 << 31) for _ in range(rng.randrange(page, 40 * page))]
+        kv = KVCacheManager(num_pages=64, page_size=page)
+        seq = kv.allocate(ids)
+        kv.commit(seq, ids)
+        assert prompt_hashes(ids, page) == seq.hashes and len(seq.hashes) == len(ids) // page
+        assert prompt_hashes(ids, page, limit=3) == seq.hashes[:3]
+
+
 def test_a_prompts_kept_block_hashes_find_the_same_prefixes_as_hashing_it_again():
     """The router hashes a prompt once (`Estimate.block_hashes`) and looks it up when held, when
     placed and when remembered: the same cached prefixes as hashing it at each lookup."""

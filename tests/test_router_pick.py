@@ -345,6 +345,8 @@ def test_estimate_reads_prompts():
     assert e.ids is None and e.tokens == 21
     # what the instance refuses, it answers itself (the request goes through unjudged)
     assert estimate(b'{"prompt": {"a": 1}}', "completion", None, 512).tokens == 0
+    for bad in (b"[1, true]", b"[1, 2.0]", b"[1, -1]", b"[1, 2147483648]"):  # not token ids
+        assert estimate(b'{"prompt": ' + bad + b"}", "completion", None, 512).tokens == 0
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b'{"prompt": NaN}'):
         with pytest.raises(APIError) as e:
             estimate(raw, "completion", None, 512)

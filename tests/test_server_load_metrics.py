@@ -1,19 +1,25 @@
 """/metrics reports load the way routers read it: the model-server protocol's queued and running
 requests and KV-cache use (scraped by a Prometheus text parser), and the prompt tokens still to
-prefill per pool; all back to zero when the work is done."""
+prefill per pool; all back to zero when the work is done. /load answers the same gauges in
+one read, with /health's status."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import json
 import random
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inproc_server import MODEL, serving
+
+from laps_jax.cluster.upstream import parse_load, parse_metrics
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +85,13 @@ def test_queued_running_kv_and_pending_tokens(srv):
             info = [k for k in m if k[0] == "vllm:cache_config_info"]
             assert dict(info[0][1])["block_size"] == str(engine.kv.page_size)
             assert int(dict(info[0][1])["num_gpu_blocks"]) == engine.kv.num_pages - 1
+            # a router's one-read poll (/load) reads the same report as from /metrics
+            # (all the router routes by; not the pages and stalls only /metrics has)
+            from_load = parse_load(read(srv, "/load")[1])
+            from_metrics = parse_metrics(read(srv, "/metrics")[1].decode())
+            assert from_load == dataclasses.replace(from_metrics, pages_used=None,
+                                                    loop_stalls=None)
+            assert from_load.pending_tokens == sum(lengths)
             gate.set()
             answers = [first.result(60)] + [f.result(60) for f in rest]
     finally:
@@ -92,6 +105,29 @@ def test_queued_running_kv_and_pending_tokens(srv):
     assert value(m, "vllm:num_requests_waiting") == value(m, "vllm:num_requests_running") == 0
     assert value(m, "vllm:kv_cache_usage_perc") == 0.0
     assert set(pending(m).values()) == {0.0}
+
+
+def read(srv, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(srv.url + path, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_load_answers_as_health_does(srv):
+    """/load is /health's answer with the gauges: 503 and why while draining, no gauges."""
+    status, body = read(srv, "/load")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert parse_load(body).threshold == srv.dispatcher.derived.threshold(0)
+    srv.state.draining = True
+    try:
+        status, body = read(srv, "/load")
+        health = read(srv, "/health")
+    finally:
+        srv.state.draining = False
+    assert (status, json.loads(body)) == (503, {"status": "draining"})
+    assert health[0] == 503
 
 
 def test_threshold_and_long_chunk_are_the_scheduler_s_own(srv):

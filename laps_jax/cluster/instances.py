@@ -1,23 +1,24 @@
 """The network router's view of its instances and the polling that keeps it current.
 
-Each instance is polled every `POLL_INTERVAL_S` (GET /health, then GET /metrics; /v1/models
-when it comes up), each poll bounded by `POLL_TIMEOUT_S`:
+Each instance is polled every `POLL_INTERVAL_S` (GET /load, serve.py's health and load gauges
+in one small JSON answer; GET /health, then GET /metrics, from an instance without /load;
+/v1/models when it comes up), each poll bounded by `POLL_TIMEOUT_S` and `MAX_POLL_BYTES`:
 
-- refused, reset, /metrics unreadable, or silent for `DEAD_S` (no poll answered and no byte
-  of an answer relayed from it for that long; for one that has answered nothing yet, counted
-  from when the router began watching it): the instance is **down**: it leaves the
-  rotation, the requests in flight on it end there at once (`fail_inflight`; failover.py sends
-  them again or resumes them elsewhere), and what the router knew of its cache and load is
-  dropped (a restarted process has an empty cache);
+- refused, reset, an answer unreadable or over `MAX_POLL_BYTES`, or silent for `DEAD_S` (no
+  poll answered and no byte of an answer relayed from it for that long; for one that has
+  answered nothing yet, counted from when the router began watching it): the instance is
+  **down**: it leaves the rotation, the requests in flight on it end there at once
+  (`fail_inflight`; failover.py sends them again or resumes them elsewhere), and what the
+  router knew of its cache and load is dropped (a restarted process has an empty cache);
 - a poll timed out, but not yet silent that long: **slow**. It takes no new requests (as
   unavailable); those in flight go on, its cache and load are kept. Seen live: three
   instances on two cores, one stalled past a 1 s poll now and then (once in 18 replays on
   2026-12-02, twice in one later that day) and came back within half a second, and each time a
   router that took one missed poll for death cut every stream on it (15, then 32). A busy
   instance whose streams flow is never silent, so it stays slow until a poll gets through;
-- /health answering anything but 200 (draining, stalled): **unavailable**: no new requests,
-  those in flight go on (a draining instance finishes its work);
-- /health 200 and /metrics read: **ok**, in the rotation; its load report is taken.
+- /load or /health answering anything but 200 (draining, stalled): **unavailable**: no new
+  requests, those in flight go on (a draining instance finishes its work);
+- /load (or /health) 200 and its gauges read: **ok**, in the rotation; its load report is taken.
 
 A hung instance leaves the rotation within POLL_INTERVAL_S + POLL_TIMEOUT_S (1.5 s): the first
 poll sent after it stopped times out by then. While it is slow, each poll waits only until the
@@ -38,12 +39,15 @@ import time
 import aiohttp
 
 from laps_jax.cluster.pace import Pace
-from laps_jax.cluster.upstream import BlockIndex, LoadBook, MetricsReport, parse_metrics
+from laps_jax.cluster.upstream import (BlockIndex, LoadBook, MetricsReport, parse_load,
+                                       parse_metrics)
 
 POLL_INTERVAL_S = 0.5
 POLL_TIMEOUT_S = 1.0
 TEXT_BLOCK_BYTES = 64  # a text block (~16 tokens at 4 bytes per token: a KV block or so)
 TEXT_BLOCKS = 1 << 16  # text blocks indexed per instance until it reports its block count
+MAX_POLL_BYTES = 1 << 20  # a poll's answer (/load, /health, /metrics, /v1/models) past this: down
+NO_LOAD_ROUTE = (404, 405, 501)  # /load answered so: the instance has none (not serve.py's)
 DEAD_S = 1.7  # silent this long (no poll answered, no byte relayed): down (#24: within 2 s)
 
 log = logging.getLogger("laps_jax.router")
@@ -66,6 +70,7 @@ class Instance:
     last_data: float = -1e9         # monotonic time of the last byte relayed from it
     since: float = dataclasses.field(default_factory=time.monotonic)  # watched from (monotonic)
     pace: Pace | None = None        # how fast it has lately prefilled (laps; pace.py)
+    has_load: bool | None = None    # answers GET /load (None: not asked since it came up)
 
     @property
     def healthy(self) -> bool:
@@ -112,6 +117,7 @@ class Instance:
             if index is not None:
                 index.clear()
         self.models = None  # read again when it comes back (it may serve another model)
+        self.has_load = None  # ... and another server
 
     def mark_unavailable(self, why: str) -> None:
         self._enter("unavailable", why)
@@ -150,6 +156,23 @@ class Instance:
                 "kv_cache_usage": r.kv_usage if r else None}
 
 
+class TooLong(Exception):
+    """An answer longer than the reader's limit."""
+
+
+async def read_at_most(up: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The answer's body, or TooLong as soon as it passes `limit` bytes (nothing more read):
+    an instance's answer is input, and an endless one must not fill the router's memory."""
+    if (up.content_length or 0) > limit:
+        raise TooLong
+    out = bytearray()
+    async for chunk in up.content.iter_chunked(1 << 16):
+        out += chunk
+        if len(out) > limit:
+            raise TooLong
+    return bytes(out)
+
+
 async def poll_once(inst: Instance, session: aiohttp.ClientSession,
                     headers: dict | None = None, timeout: float = POLL_TIMEOUT_S) -> None:
     started = time.monotonic()
@@ -157,26 +180,15 @@ async def poll_once(inst: Instance, session: aiohttp.ClientSession,
         timeout = min(timeout, max(DEAD_S - inst.silent_s(started), 0.01))
     try:
         async with asyncio.timeout(timeout):
-            async with session.get(inst.url + "/health") as r:
-                health_status = r.status
-                health = await r.read()
-            if health_status != 200:
-                try:
-                    why = json.loads(health).get("status", "unhealthy")
-                except (ValueError, AttributeError):
-                    why = "unhealthy"
-                inst.mark_unavailable(f"/health answered {health_status} ({why})")
+            report = await _read_load(inst, session)
+            if report is None:
                 return
-            async with session.get(inst.url + "/metrics") as r:
-                r.raise_for_status()
-                report = parse_metrics(await r.text())
             if inst.models is None:
                 async with session.get(inst.url + "/v1/models", headers=headers) as r:
                     r.raise_for_status()
-                    models = json.loads(await r.read())
-                lens = [m.get("max_model_len") for m in models.get("data", [])]
+                    models = json.loads(await read_at_most(r, MAX_POLL_BYTES))
+                inst.max_model_len = _max_model_len(models)
                 inst.models = models
-                inst.max_model_len = min((n for n in lens if isinstance(n, int)), default=None)
     except TimeoutError:
         silent = inst.silent_s(time.monotonic())
         if silent < DEAD_S:
@@ -189,10 +201,57 @@ async def poll_once(inst: Instance, session: aiohttp.ClientSession,
                            "nothing relayed" + (", never answered" if inst.never_answered
                                                 else ""))
         return
-    except (aiohttp.ClientError, OSError, ValueError) as e:
+    except TooLong:
+        inst.mark_down(f"a poll answered over {MAX_POLL_BYTES >> 10} KiB")
+        return
+    except (aiohttp.ClientError, OSError, ValueError, RecursionError) as e:
         inst.mark_down(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         return
     inst.mark_ok(report, started)
+
+
+async def _read_load(inst: Instance, session: aiohttp.ClientSession) -> MetricsReport | None:
+    """Its health and load report: one GET /load from a serve.py instance; GET /health, then
+    /metrics, from one without it (404/405/501 to /load: another server, or an older one).
+    None when it answered unhealthy (marked unavailable here); raises on an unreadable one."""
+    if inst.has_load is not False:
+        async with session.get(inst.url + "/load") as r:
+            status, body = r.status, await read_at_most(r, MAX_POLL_BYTES)
+        if status not in NO_LOAD_ROUTE:
+            inst.has_load = True
+            return parse_load(body) if _healthy(inst, "/load", status, body) else None
+        inst.has_load = False
+        log.info("instance %s: no /load (it answered %d); polling /health and /metrics",
+                 inst.url, status)
+    async with session.get(inst.url + "/health") as r:
+        status, body = r.status, await read_at_most(r, MAX_POLL_BYTES)
+    if not _healthy(inst, "/health", status, body):
+        return None
+    async with session.get(inst.url + "/metrics") as r:
+        r.raise_for_status()
+        return parse_metrics((await read_at_most(r, MAX_POLL_BYTES)).decode())
+
+
+def _max_model_len(models) -> int | None:
+    """The least max_model_len an OpenAI /v1/models answer lists; ValueError on one that is
+    not {"data": [...]} (a forged answer fails its instance alone, not the poller)."""
+    data = models.get("data", []) if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("/v1/models answered no list of models")
+    lens = [m.get("max_model_len") for m in data if isinstance(m, dict)]
+    return min((n for n in lens if type(n) is int and n >= 1), default=None)
+
+
+def _healthy(inst: Instance, path: str, status: int, body: bytes) -> bool:
+    """A health answer of 200; else the instance is marked unavailable with its reason."""
+    if status == 200:
+        return True
+    try:
+        why = json.loads(body).get("status", "unhealthy")
+    except (ValueError, AttributeError, RecursionError):
+        why = "unhealthy"
+    inst.mark_unavailable(f"{path} answered {status} ({str(why)[:80]})")
+    return False
 
 
 async def poll_forever(inst: Instance, session: aiohttp.ClientSession,
@@ -200,5 +259,9 @@ async def poll_forever(inst: Instance, session: aiohttp.ClientSession,
                        timeout: float = POLL_TIMEOUT_S) -> None:
     while True:
         t = time.monotonic()
-        await poll_once(inst, session, headers, timeout)
+        try:
+            await poll_once(inst, session, headers, timeout)
+        except Exception as e:  # a poll must not end: the instance would never be seen again
+            log.exception("instance %s: poll failed", inst.url)
+            inst.mark_down(f"poll failed: {type(e).__name__}: {e}")
         await asyncio.sleep(max(0.0, interval - (time.monotonic() - t)))

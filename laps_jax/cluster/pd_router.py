@@ -39,9 +39,8 @@ import time
 import aiohttp
 from aiohttp import web
 
-from laps_jax.cluster.instances import Instance
-from laps_jax.cluster.proxy import (Gone, InstanceDown, TooLong, gone_error, race,
-                                    read_at_most, relay)
+from laps_jax.cluster.instances import Instance, TooLong, read_at_most
+from laps_jax.cluster.proxy import Gone, InstanceDown, gone_error, race, relay
 from laps_jax.cluster.upstream import cached_prefixes
 from laps_jax.server import pd_secret
 from laps_jax.server.handoff_check import HANDOFF_HEADER, PD_HEADER, RELEASE_HEADER

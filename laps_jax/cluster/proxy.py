@@ -29,7 +29,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from laps_jax.cluster.instances import Instance
+from laps_jax.cluster.instances import Instance, TooLong, read_at_most
 from laps_jax.server.protocol import APIError
 
 DONE = b"data: [DONE]\n\n"
@@ -70,23 +70,6 @@ class BadStream(Exception):
 
 class Gone(Exception):
     """The instance stopped answering after the request was sent."""
-
-
-class TooLong(Exception):
-    """An answer longer than the reader's limit."""
-
-
-async def read_at_most(up: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The answer's body, or TooLong as soon as it passes `limit` bytes (nothing more read):
-    an instance's answer is input, and an endless one must not fill the router's memory."""
-    if (up.content_length or 0) > limit:
-        raise TooLong
-    out = bytearray()
-    async for chunk in up.content.iter_chunked(1 << 16):
-        out += chunk
-        if len(out) > limit:
-            raise TooLong
-    return bytes(out)
 
 
 async def race(aw, down: asyncio.Future):

@@ -15,7 +15,8 @@ without processes.
   over a prompt's text, in blocks of bytes, when the router has no tokenizer.
 - `parse_metrics`: the gauges of an instance's /metrics text the router reads (with the
   instance's own short/long threshold, `laps_short_threshold_tokens`, and long chunk,
-  `laps_long_chunk_tokens`).
+  `laps_long_chunk_tokens`). `parse_load` reads the same gauges from serve.py's /load (JSON,
+  with its health: one small read per poll instead of /health and /metrics).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import json
 import math
 import re
 from collections.abc import Callable, Sequence as Seq
+
+import numpy as np
 
 from laps_jax.engine.kv_cache import block_hash
 
@@ -124,11 +128,14 @@ class LoadBook:
 
 
 def prompt_hashes(tokens: Seq[int], block_size: int, limit: int | None = None) -> list[bytes]:
-    """The chained hashes of the full blocks of `tokens` (at most `limit` blocks)."""
+    """The chained hashes of the full blocks of `tokens` (at most `limit` blocks): the
+    engine's `block_hash` of each block, with the tokens turned to bytes once (a conversion
+    per block was most of the router's time on a 2,000-token prompt)."""
     n = len(tokens) // block_size if limit is None else min(limit, len(tokens) // block_size)
-    out, parent = [], b""
-    for b in range(n):
-        parent = block_hash(parent, tokens[b * block_size:(b + 1) * block_size])
+    data = np.asarray(tokens[:n * block_size], dtype="<i4").tobytes()
+    step, out, parent = 4 * block_size, [], b""
+    for start in range(0, n * step, step):  # block_hash(parent, block) hashes parent + block
+        parent = hashlib.blake2b(parent + data[start:start + step], digest_size=16).digest()
         out.append(parent)
     return out
 
@@ -236,6 +243,7 @@ _SUMMED = {"laps_pending_prefill_tokens": "pending_tokens", "laps_kv_pages_used"
 MAX_REPORTED_TOKENS = 1 << 24  # a threshold, chunk or block count past this is not a report
 MAX_BLOCK_SIZE = 1 << 16
 MAX_VALUE = 1e15  # any gauge read: past this a sum of them could overflow
+MAX_LOAD_GAUGES = 4096  # gauges in one /load answer (serve.py sends about 10 per engine)
 _READ = {*_SIMPLE, *_SUMMED, "laps_short_threshold_tokens", "laps_long_chunk_tokens",
          "vllm:cache_config_info"}
 
@@ -290,8 +298,39 @@ def parse_metrics(text: str) -> MetricsReport:
     [1, MAX_REPORTED_TOKENS] (the instance then fails alone: marked down with that reason,
     its report never reaching a routing decision). A block layout that is missing or out of
     range is left unknown (no prefix index for that instance)."""
+    return _report(_samples(text))
+
+
+def parse_load(body: bytes) -> MetricsReport:
+    """The same report from a serve.py instance's /load answer (JSON: "gauges", a list of
+    [name, labels, value] under /metrics' names), checked as `parse_metrics` checks its
+    text; raises ValueError on anything else (wrong types, over `MAX_LOAD_GAUGES` gauges)."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:  # a forged answer nested past the parser's depth
+        raise ValueError("/load: JSON nested too deep") from None
+    gauges = doc.get("gauges") if isinstance(doc, dict) else None
+    if not isinstance(gauges, list) or len(gauges) > MAX_LOAD_GAUGES:
+        raise ValueError(f"/load: 'gauges' must be a list of at most {MAX_LOAD_GAUGES}")
+    return _report(_load_samples(gauges))
+
+
+def _load_samples(gauges: list):
+    for g in gauges:
+        if not (isinstance(g, list) and len(g) == 3 and isinstance(g[0], str)
+                and isinstance(g[1], dict) and isinstance(g[2], (int, float))
+                and not isinstance(g[2], bool)
+                and all(isinstance(v, str) for v in g[1].values())):
+            raise ValueError(f"/load: a gauge must be [name, {{label: text}}, number], "
+                             f"not {str(g)[:80]!r}")
+        if g[0] in _READ:
+            yield g[0], g[1], float(g[2])
+
+
+def _report(samples) -> MetricsReport:
+    """The router's report from (name, labels, value) samples, each value checked."""
     r = MetricsReport()
-    for name, labels, value in _samples(text):
+    for name, labels, value in samples:
         if not (math.isfinite(value) and 0 <= value <= MAX_VALUE):
             raise ValueError(f"{name} is {value:g}: a count or gauge must be in [0, {MAX_VALUE:g}]")
         if name in ("laps_short_threshold_tokens", "laps_long_chunk_tokens") and \

@@ -118,16 +118,33 @@ async def models(request: web.Request):
          "max_model_len": state.max_model_len} for name in state.served_names]})
 
 
-async def health(request: web.Request):
-    state = request.app[STATE]
+def _health(state: ServerState) -> tuple[dict, int]:
+    """/health's answer: ok, or 503 with why (draining, or a lane stuck with work waiting)."""
     if state.draining:
-        return web.json_response({"status": "draining"}, status=503)
+        return {"status": "draining"}, 503
     stalled = state.dispatcher.stalled(state.stall_after_s)
     if stalled:  # the watchdog: requests wait and nothing moves
-        return web.json_response({"status": "stalled", "lanes": stalled, "message": (
+        return {"status": "stalled", "lanes": stalled, "message": (
             f"lane {', '.join(stalled)} got nothing done for over {state.stall_after_s:g} s "
-            f"while requests wait")}, status=503)
-    return web.json_response({"status": "ok"})
+            f"while requests wait")}, 503
+    return {"status": "ok"}, 200
+
+
+async def health(request: web.Request):
+    body, status = _health(request.app[STATE])
+    return web.json_response(body, status=status)
+
+
+async def load(request: web.Request):
+    """A router's poll in one small read: /health's answer and, when healthy, the load gauges
+    /metrics exports for routers (`ServerMetrics.load_gauges`) as [name, labels, value]. The
+    network router polls each instance twice a second; /health plus /metrics took two HTTP
+    reads and a Prometheus render and parse each time."""
+    state = request.app[STATE]
+    body, status = _health(state)
+    if status == 200:
+        body["gauges"] = state.metrics.load_gauges()
+    return web.json_response(body, status=status)
 
 
 async def metrics(request: web.Request):
@@ -153,6 +170,7 @@ def create_app(state: ServerState, max_request_bytes: int = 4 << 20) -> web.Appl
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/load", load)
     if state.pd is not None:
         app.router.add_post("/pd/release", state.pd.release_route)
         if hasattr(state.metrics, "registry"):

@@ -26,7 +26,7 @@ class _Live:
 
     def collect(self):
         m = self.dispatcher.metrics()
-        yield from self._protocol(m)
+        yield from self.protocol(m)
         q = GaugeMetricFamily("laps_queue_length", "Requests waiting, per pool", labels=["pool"])
         pools = sorted({p for lane in m.lanes for p in lane.queue_lengths})
         for pool in pools:
@@ -85,8 +85,7 @@ class _Live:
             waits.add_metric([lane.name], lane.window_waits)
         yield waits
 
-
-    def _protocol(self, m):
+    def protocol(self, m):
         """The model-server protocol's gauges and the pending prefill tokens per pool."""
         yield GaugeMetricFamily("vllm:num_requests_waiting", "Requests queued for prefill "
                                 "(in a pool or not yet admitted)", value=m.waiting)
@@ -136,7 +135,8 @@ class ServerMetrics:
                               buckets=BUCKETS, registry=self.registry)
         self.e2e = Histogram("laps_e2e_seconds", "End-to-end request latency", ["pool"],
                              buckets=BUCKETS, registry=self.registry)
-        self.registry.register(_Live(dispatcher, engines))
+        self.live = _Live(dispatcher, engines)
+        self.registry.register(self.live)
 
     def observe(self, stats) -> None:
         pool = stats.pool or "unknown"
@@ -144,6 +144,12 @@ class ServerMetrics:
             self.ttft.labels(pool).observe(stats.ttft)
         if stats.finished is not None:
             self.e2e.labels(pool).observe(stats.finished - stats.arrival)
+
+    def load_gauges(self) -> list[list]:
+        """The gauges routers read (the model-server protocol's and the pending prefill tokens,
+        threshold and long chunk) as [name, labels, value], for /load."""
+        return [[s.name, s.labels, s.value]
+                for fam in self.live.protocol(self.live.dispatcher.metrics()) for s in fam.samples]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
