@@ -123,6 +123,7 @@ DEEP = b'{"status": "ok", "gauges": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
      "a gauge must be"),
     (json.dumps({"gauges": [["laps_pending_prefill_tokens", {}, -5]]}).encode(), "-5"),
     (b'{"gauges": [["vllm:num_requests_waiting", {}, NaN]]}', "nan"),
+    (b'{"gauges": [["vllm:num_requests_waiting", {}, 1' + b"0" * 400 + b"]]}", "over 1e+15"),
     (json.dumps({"gauges": [["laps_short_threshold_tokens", {}, 0]]}).encode(), "outside"),
     (DEEP, "nested too deep"),
     (b" " * (MAX_POLL_BYTES + 1), "over 1024 KiB"),

@@ -324,6 +324,8 @@ def _load_samples(gauges: list):
             raise ValueError(f"/load: a gauge must be [name, {{label: text}}, number], "
                              f"not {str(g)[:80]!r}")
         if g[0] in _READ:
+            if abs(g[2]) > MAX_VALUE:  # (an integer of 400 digits does not even fit a float)
+                raise ValueError(f"{g[0]} is over {MAX_VALUE:g}")
             yield g[0], g[1], float(g[2])
 
 
