@@ -1,7 +1,7 @@
 """An instance that answers at once, for timing what a router itself adds to a request.
 
-It speaks what a router reads from serve.py (`GET /load`, `/health`, `/metrics`, `/v1/models`,
-SGLang's `/v1/loads`) and answers `POST /v1/completions` (streamed, with the token-id comment
+It speaks what a router reads from serve.py (`GET /load`, `/health`, `/v1/models`, SGLang's
+`/v1/loads`) and answers `POST /v1/completions` (streamed, with the token-id comment
 lines serve.py sends a router that asks for them) and SGLang's `POST /generate` with
 `max_tokens` tokens at once, without a model. In front of it the time to the first token is the
 client's, the router's and the loopback's, none of it an engine's: `bench_router_hop.py
@@ -95,14 +95,6 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    lines = []
-    for name, labels, value in GAUGES:
-        tags = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        lines.append(f"{name}{{{tags}}} {value}" if tags else f"{name} {value}")
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [
         {"id": MODEL, "object": "model", "owned_by": "laps_jax", "max_model_len": MAX_MODEL_LEN}]})
@@ -118,8 +110,8 @@ def make_app() -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/generate", generate)
-    for path, handler in (("/load", load), ("/health", health), ("/metrics", metrics),
-                          ("/v1/models", models), ("/v1/loads", sglang_loads)):
+    for path, handler in (("/load", load), ("/health", health), ("/v1/models", models),
+                          ("/v1/loads", sglang_loads)):
         app.router.add_get(path, handler)
     return app
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence as Seq
 
 import numpy as np
 
-from laps_jax.engine.kv_cache import block_hash
+from laps_jax.engine.kv_cache import block_hash, block_hash_bytes
 
 
 class LoadBook:
@@ -134,8 +134,8 @@ def prompt_hashes(tokens: Seq[int], block_size: int, limit: int | None = None) -
     n = len(tokens) // block_size if limit is None else min(limit, len(tokens) // block_size)
     data = np.asarray(tokens[:n * block_size], dtype="<i4").tobytes()
     step, out, parent = 4 * block_size, [], b""
-    for start in range(0, n * step, step):  # block_hash(parent, block) hashes parent + block
-        parent = hashlib.blake2b(parent + data[start:start + step], digest_size=16).digest()
+    for start in range(0, n * step, step):
+        parent = block_hash_bytes(parent, data[start:start + step])
         out.append(parent)
     return out
 

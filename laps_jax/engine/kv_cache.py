@@ -22,9 +22,13 @@ class OutOfPages(RuntimeError):
 
 
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
-    h = hashlib.blake2b(parent, digest_size=16)
-    h.update(np.asarray(tokens, dtype="<i4").tobytes())
-    return h.digest()
+    return block_hash_bytes(parent, np.asarray(tokens, dtype="<i4").tobytes())
+
+
+def block_hash_bytes(parent: bytes, block: bytes) -> bytes:
+    """`block_hash` of a block already in bytes (little-endian int32 ids): a caller hashing a
+    whole prompt converts it once (the router's `prompt_hashes`)."""
+    return hashlib.blake2b(parent + block, digest_size=16).digest()
 
 
 @dataclasses.dataclass

@@ -67,8 +67,8 @@ def parse_prompt(body: dict, vocab_size: int, tokenizer, max_model_len: int) -> 
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, list) and len(prompt) >= max_model_len:
         ids = prompt  # too long whatever it holds: the caller says so
-    # type() and min/max loop in C: 0.38 ms for 2,000 ids against 0.77 with a check per id
     elif isinstance(prompt, list) and set(map(type, prompt)) <= {int}:  # (bool is not int)
+        # type() and min/max loop in C: 0.38 ms for 2,000 ids against 0.77 with a check per id
         ids = prompt
         if ids and not (0 <= min(ids) and max(ids) < vocab_size):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
