@@ -655,3 +655,26 @@ def test_bench_poll_cost_refuses_empty_runs(capsys):
         with pytest.raises(SystemExit):
             mod.parse_args([flag, "0"])
         assert flag in capsys.readouterr().err
+
+
+def test_placement_counts_each_instance_by_what_the_router_named():
+    """Our router names a place, smg a URL (with or without its slash); failed requests and
+    names outside the run's instances are left out of the instances' rows."""
+    from laps_jax.bench.placement import busiest_share, instance_index, placement
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert instance_index("1", urls) == 1 and instance_index("2", urls) is None
+    assert instance_index("http://127.0.0.1:8001/", urls) == 0
+    assert instance_index("http://10.0.0.1:8001", urls) is None and instance_index(None, urls) is None
+
+    def rec(name, prompt, cached, out, ok=True):
+        return RequestRecord("r", 0.0, out, prompt_tokens=prompt, output_tokens=out,
+                             cached_tokens=cached, served_by=name, status=200 if ok else 503,
+                             finish_reason="length", error=None if ok else "HTTP 503")
+    rows = placement([rec("0", 100, 40, 5), rec("http://127.0.0.1:8002", 300, 0, 7),
+                      rec("http://127.0.0.1:8002/", 50, 50, 1), rec("1", 900, 0, 9, ok=False),
+                      rec(None, 10, 0, 1), rec("7", 10, 0, 1)], urls)
+    assert rows[:2] == [{"requests": 1, "computed_tokens": 60, "output_tokens": 5},
+                        {"requests": 2, "computed_tokens": 300, "output_tokens": 8}]
+    assert rows[2] == {"unnamed": 2}
+    assert busiest_share(rows) == pytest.approx(300 / 360)
+    assert placement([rec(None, 10, 0, 1)], urls) is None and busiest_share(None) is None

@@ -31,6 +31,7 @@ from laps_jax.cluster.policy import RouterConfig
 from laps_jax.cluster.upstream import parse_metrics
 from laps_jax.server.resume import TOKEN_IDS_HEADER
 
+FORGED = {"X-Laps-Routed-Instance": "99"}
 IDLE = parse_metrics('laps_pending_prefill_tokens{pool="short"} 0.0\n')
 
 
@@ -42,7 +43,8 @@ class FakeInstance:
     """Completions of `max_tokens` tokens 100, 101, ... (text "w0 w1 ..."), resumable as
     serve.py's are; `mode` "reset" closes each connection before answering, "endless" answers
     blanks without end (up to 64 MiB, counted in `written`); `cut_at` N ends the connection
-    after the stream's N-th token."""
+    after the stream's N-th token. Every answer also carries a forged
+    `X-Laps-Routed-Instance` (an instance's headers are not the router's word)."""
 
     def __init__(self, mode: str = "ok", cut_at: int | None = None):
         self.mode, self.cut_at, self.bodies, self.written = mode, cut_at, [], 0
@@ -77,9 +79,9 @@ class FakeInstance:
             return resp
         if not body.get("stream"):
             return web.Response(body=chunk("".join(map(word, range(n))), "length"),
-                                content_type="application/json")
+                                content_type="application/json", headers=FORGED)
         ids = request.headers.get(TOKEN_IDS_HEADER) == "1"
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **FORGED})
         await resp.prepare(request)
         for i in range(start, n):
             if i == self.cut_at:
@@ -165,6 +167,41 @@ def test_a_request_that_got_no_byte_goes_to_the_other_instance(monkeypatch, capl
     said = [r.getMessage() for r in caplog.records if "request sent again" in r.getMessage()]
     assert len(said) == (1 if failure == "refused" else 2)
     assert len(good.bodies) == 2
+
+
+def test_each_answer_names_the_instance_that_served_it(monkeypatch):
+    """`X-Laps-Routed-Instance` is the place of the instance that answered (after a retry:
+    the one that took it over), never a value an instance sent; a replay records it and
+    `bench.placement` counts each instance's work from it."""
+    from laps_jax.bench.placement import placement
+    from laps_jax.workload.http_client import ReplayConfig, RequestRecord, stream_completion
+    from laps_jax.workload.http_compare import free_port
+    fakes = [FakeInstance(), FakeInstance(), FakeInstance()]
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def test(s, url, router):
+        urls = [i.url for i in router.instances]
+        seen = []
+        for k in range(6):
+            before = [len(f.bodies) for f in fakes]
+            body = {"prompt": [1, 2, 3 + k], "max_tokens": 3, "stream": k % 2 == 1}
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+                named = r.headers["X-Laps-Routed-Instance"]
+            took = [k for k, f in enumerate(fakes) if len(f.bodies) > before[k]]
+            assert len(took) == 1 and named == str(took[0] + 1)  # the dead one is place 0
+            seen.append(int(named))
+        assert sorted(set(seen)) == [1, 2, 3]  # the refused first pick went on elsewhere
+        recs = [RequestRecord(f"r{k}", 0.0, 3) for k in range(4)]
+        for k, rec in enumerate(recs):
+            router.policy._rr = 1 + k % 3
+            await stream_completion(s, url, "m", [5, 6, k], rec, ReplayConfig(), 0.0)
+            assert rec.ok and rec.served_by == str(1 + k % 3), rec
+        rows = placement(recs, urls)
+        assert [row["requests"] for row in rows] == [0, 2, 1, 1]
+        assert [row["computed_tokens"] for row in rows] == [0, 6, 3, 3]  # 3-token prompts
+    run_router([dead, *fakes], test, monkeypatch)
 
 
 @pytest.mark.parametrize("failure", ["refused", "reset", "cut"])

@@ -40,6 +40,7 @@ from laps_jax.bench.bands import by_band, over_target, pooled_bands
 from laps_jax.bench.cpu_meter import CpuMeter, process_seconds
 from laps_jax.bench.instance_steps import per_request, summed
 from laps_jax.bench.isolated import IsolatedTTFT
+from laps_jax.bench.placement import busiest_share, placement
 from laps_jax.bench.report import median_ratio, ratio
 from laps_jax.bench.router_procs import Process, RouterSpec, flush_caches, start_router
 from laps_jax.cluster.upstream import parse_metrics
@@ -52,7 +53,8 @@ from laps_jax.workload.records import Trace
 # what a router is judged on, and which way is better
 FIGURES = ("slo_violation_rate", "fixed_slo_violation_rate", "prefill_latency_ms_mean",
            "ttft_ms_p90", "ttft_short_ms_p90", "throughput_tokens_per_s", "completed", "failed",
-           "router_cpu_ms_per_request", "loop_stalls", "instances_prefill_ms_per_request")
+           "router_cpu_ms_per_request", "loop_stalls", "instances_prefill_ms_per_request",
+           "busiest_prefill_share")
 REFERENCES = ("round-robin", "smg:cache_aware")
 # "round-robin" is plain data parallelism (#24's baseline): ours without its prefix-affinity rule
 DEFAULT_ROUTERS = ("round-robin=round-robin --no-affinity", "least-load", "laps",
@@ -103,6 +105,10 @@ def run_round(work, instances: list[Process], routers: list[RouterSpec], slo_ms:
         if tag:
             _write_records(records_path(log_dir, tag, spec.name), result.requests, status)
         out[spec.name] = figures(result, slo_ms, target_ms)
+        where = placement(result.requests, urls)  # per instance: requests, tokens
+        if where is not None:
+            out[spec.name]["placement"] = where
+            out[spec.name]["busiest_prefill_share"] = busiest_share(where)
         out[spec.name]["steal_share"] = meter.steal  # the hypervisor's share of the cores
         stalls0 = stalls_of(before)
         stalls = stalls_of(None if after is None or mine is None else after + mine)

@@ -167,7 +167,7 @@ class HTTPRouter:
             config, spill_s=spill_tokens if config.spill_s is None else config.spill_s)
         self.pace_weight = pace_weight  # laps: weigh each instance's measured pace (0: not)
         self.pace_forget_s = pace_forget_s  # how fast an unrefreshed pace fades (pace.py)
-        self.instances = [self._instance(u) for u in urls]
+        self.instances = [self._instance(k, u) for k, u in enumerate(urls)]
         self.policy = RoutingPolicy(len(urls), self.config,
                                     lambda new, cached: new <= self.threshold,
                                     self.config.spill_s, FALLBACK_CHUNK)
@@ -207,9 +207,10 @@ class HTTPRouter:
         if self.session is not None:
             await self.session.close()
 
-    def _instance(self, url: str) -> Instance:
-        """A new instance at `url`, with its own pace when the router measures paces."""
-        return Instance(url.rstrip("/"), pace=Pace(self.pace_weight) if self.pace_weight else None)
+    def _instance(self, k: int, url: str) -> Instance:
+        """Instance `k` at `url`, with its own pace when the router measures paces."""
+        return Instance(url.rstrip("/"), slot=k,
+                        pace=Pace(self.pace_weight) if self.pace_weight else None)
 
     def replace_instance(self, k: int, url: str) -> None:
         """Instance `k` answers at `url` from now on (a restarted instance at a new address:
@@ -217,7 +218,7 @@ class HTTPRouter:
         in flight go on elsewhere, what was known of its cache is dropped); slot `k` keeps its
         place in the policy (its group); the new address joins when its polls say healthy."""
         self.instances[k].mark_down(f"replaced by {url}")
-        self.instances[k] = self._instance(url)
+        self.instances[k] = self._instance(k, url)
         if self._pollers:  # started: poll the new address instead of the old
             self._pollers[k].cancel()
             self._pollers[k] = asyncio.create_task(

@@ -56,6 +56,7 @@ log = logging.getLogger("laps_jax.router")
 @dataclasses.dataclass(eq=False)
 class Instance:
     url: str
+    slot: int = -1                  # its place in the router's instances (/router/status order)
     state: str = "unknown"          # unknown | ok | unavailable | slow | down
     last_error: str | None = None
     last_ok: float | None = None

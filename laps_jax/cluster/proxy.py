@@ -16,6 +16,12 @@ A stream is passed on whole events (the instance's SSE `\n\n`-separated blocks),
 part of one, so a stream resumed elsewhere continues at an event boundary. The token-id
 comment lines an instance adds on the router's request (server/resume.py) are read and
 dropped; an event is bounded (`MAX_EVENT_BYTES`), a token id must be digits.
+
+Every answer an instance gives carries `X-Laps-Routed-Instance`: the place of the instance that
+started it in the router's list (/router/status order; its address is not exposed), as the
+SGLang gateway's `x-smg-routed-worker-id` does, so a client or benchmark can see where each
+request went. A resumed stream keeps the first instance's; an instance's own headers other
+than `PASS_HEADERS` never reach the client.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from laps_jax.server.protocol import APIError
 
 DONE = b"data: [DONE]\n\n"
 PASS_HEADERS = ("Content-Type", "Retry-After", "Cache-Control")
+ROUTED_HEADER = "X-Laps-Routed-Instance"
 HUNG = "it stopped answering the router's health checks"
 
 
@@ -192,6 +199,7 @@ async def pass_through(request: web.Request, session: aiohttp.ClientSession, ins
             raise Unsent(f"{type(e).__name__}: {e}", refused=True) from None
         down.add_done_callback(lambda _: up.close())  # ends any read of the answer below
         out_headers = {h: up.headers[h] for h in PASS_HEADERS if h in up.headers}
+        out_headers[ROUTED_HEADER] = str(inst.slot)
         if not (stream and up.status == 200
                 and up.headers.get("Content-Type", "").startswith("text/event-stream")):
             try:

@@ -20,6 +20,9 @@ import aiohttp
 
 
 APIS = ("openai", "sglang")
+# the headers a router names the instance that served a request in: ours (cluster/proxy.py:
+# its place in the router's list) and the SGLang gateway's (its URL)
+ROUTED_HEADERS = ("X-Laps-Routed-Instance", "x-smg-routed-worker-id")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,7 @@ class RequestRecord:
 
     ``new_tokens``: prompt tokens beyond the previous turn's prompt + answer (the whole prompt
     for a first turn or an open-loop request). ``status`` is the HTTP status (None: no answer).
+    ``served_by``: the instance a router says served it (``ROUTED_HEADERS``; None: not said).
     """
 
     request_id: str
@@ -79,6 +83,7 @@ class RequestRecord:
     cached_tokens: int = 0
     status: int | None = None
     finish_reason: str | None = None
+    served_by: str | None = None
     error: str | None = "not sent"
     prompt_ids: list[int] | None = dataclasses.field(default=None, repr=False)
     answer_ids: list[int] | None = dataclasses.field(default=None, repr=False)
@@ -194,6 +199,8 @@ async def stream_completion(http: aiohttp.ClientSession, base_url: str, model: s
             async with http.post(base_url.rstrip("/") + path, json=body,
                                  headers=config.headers()) as r:
                 rec.status = r.status
+                rec.served_by = next((r.headers[h][:200] for h in ROUTED_HEADERS
+                                      if h in r.headers), None)
                 if r.status != 200:
                     rec.error = _error_message(r.status, await r.text())
                     return []
