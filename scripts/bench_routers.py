@@ -20,6 +20,10 @@ the trace's first 100 requests, then every router the next 100, and so on (each 
 pair in routers.json and bench_router_pairs.py). Cutting loses the queue carried over a block
 boundary and, on Mooncake, the history a later block would reuse from an earlier one. A
 sessions trace is closed loop and replays whole.
+
+Where each router put the work: each replay's records keep the instance the router named
+(`served_by`), and routers.json each round's `placement` (requests, prompt tokens computed and
+tokens decoded per instance) and `busiest_prefill_share` (laps_jax/bench/placement.py).
 """
 
 from __future__ import annotations
