@@ -519,3 +519,24 @@ def test_router_py_default_prices_inflow_in_seconds_from_the_measured_pace():
     r.instances[0].pace.observe(1.0, 0, 1000 - 64, now=1.0)  # 1 ms a token
     r.instances[2].pace.observe(3.0, 0, 1000 - 64, now=1.0)  # 3 ms
     assert r.seconds_per_token() == pytest.approx([0.001, 0.002, 0.003])
+
+
+def test_event_loop_flag_runs_uvloop_or_says_what_is_missing(monkeypatch, capsys):
+    """--event-loop uvloop runs the router on uvloop's loop; without the package router.py
+    exits 2 naming the flag and the package (and starts nothing)."""
+    import asyncio
+    import sys
+    from laps_jax.cluster import router_cli
+    args = router_cli.build_parser().parse_args(["--instance", "http://127.0.0.1:9000"])
+    assert args.event_loop == "asyncio" and router_cli.loop_factory("asyncio") is None
+    uvloop = pytest.importorskip("uvloop")
+    factory = router_cli.loop_factory("uvloop")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert isinstance(runner.get_loop(), uvloop.Loop)
+    with pytest.raises(SystemExit):  # an unknown loop is argparse's error
+        router_cli.build_parser().parse_args(["--instance", "http://x:1", "--event-loop", "trio"])
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import fails as if not installed
+    assert router_cli.main(["--instance", "http://127.0.0.1:9000", "--port", "0",
+                            "--event-loop", "uvloop"]) == 2
+    err = capsys.readouterr().err
+    assert "--event-loop uvloop needs the uvloop package" in err

@@ -163,7 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--read-timeout", type=float, default=30.0,
                     help="seconds a client may take to send a request's headers, and again its "
                          "body (default 30; 0: no limit)")
+    ap.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                    help="the router's event loop: asyncio (default) or uvloop (needs the "
+                         "uvloop package), whose sends and polls cost less CPU per streamed "
+                         "token; the router shares the cores with the instances on one "
+                         "machine (docs/BENCHMARKS.md)")
     return ap
+
+
+def loop_factory(event_loop: str):
+    """The `asyncio.Runner` loop factory of `--event-loop` (None: asyncio's own); a clear
+    error when uvloop is asked for and not installed."""
+    if event_loop != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        raise ValueError("--event-loop uvloop needs the uvloop package (pip install uvloop)"
+                         ) from None
+    return uvloop.new_event_loop
 
 
 def make_router(args):
@@ -263,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logging.getLogger("laps_jax.router").setLevel(logging.INFO)
     try:
-        return asyncio.run(serve(args, log))
+        with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
+            return runner.run(serve(args, log))
     except (ValueError, OSError) as e:  # bad tokenizer path, port in use, ...
         log(f"error: {e}")
         return 2
