@@ -164,7 +164,8 @@ def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
             log(f"instance {s.index} ({s.role}) ready at {s.info['url']} "
                 f"(pid {s.info['pid']} on {s.info['node_ip']}, log {s.info['log']})")
         rargs = router_args(rflags, [s.info["url"] for s in slots], [s.role for s in slots])
-        return asyncio.run(router_cli.serve(rargs, log, lambda app: attach(app, slots, log)))
+        with asyncio.Runner(loop_factory=router_cli.loop_factory(rargs.event_loop)) as runner:
+            return runner.run(router_cli.serve(rargs, log, lambda app: attach(app, slots, log)))
     except (ValueError, OSError, ray.exceptions.RayError) as e:
         log(f"error: {e}")
         return 2
