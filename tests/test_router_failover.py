@@ -189,7 +189,7 @@ def test_each_answer_names_the_instance_that_served_it(monkeypatch):
                 assert r.status == 200, await r.text()
                 await r.read()
                 named = r.headers["X-Laps-Routed-Instance"]
-            took = [k for k, f in enumerate(fakes) if len(f.bodies) > before[k]]
+            took = [j for j, f in enumerate(fakes) if len(f.bodies) > before[j]]
             assert len(took) == 1 and named == str(took[0] + 1)  # the dead one is place 0
             seen.append(int(named))
         assert sorted(set(seen)) == [1, 2, 3]  # the refused first pick went on elsewhere

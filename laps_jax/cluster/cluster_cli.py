@@ -10,7 +10,6 @@ The launcher's own flags are below; every other flag before `--` is the router's
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from laps_jax.cluster import router_cli
@@ -164,8 +163,8 @@ def run(spec: ClusterSpec, args, rflags: list[str], log) -> int:
             log(f"instance {s.index} ({s.role}) ready at {s.info['url']} "
                 f"(pid {s.info['pid']} on {s.info['node_ip']}, log {s.info['log']})")
         rargs = router_args(rflags, [s.info["url"] for s in slots], [s.role for s in slots])
-        with asyncio.Runner(loop_factory=router_cli.loop_factory(rargs.event_loop)) as runner:
-            return runner.run(router_cli.serve(rargs, log, lambda app: attach(app, slots, log)))
+        return router_cli.run_on_loop(rargs.event_loop, lambda: router_cli.serve(
+            rargs, log, lambda app: attach(app, slots, log)))
     except (ValueError, OSError, ray.exceptions.RayError) as e:
         log(f"error: {e}")
         return 2

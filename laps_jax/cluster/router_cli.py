@@ -184,6 +184,13 @@ def loop_factory(event_loop: str):
     return uvloop.new_event_loop
 
 
+def run_on_loop(event_loop: str, make_coro):
+    """`make_coro()` run to its end on `--event-loop`'s loop (router.py and serve_cluster.py);
+    the loop is checked before the coroutine is made, so a missing uvloop leaves none unrun."""
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        return runner.run(make_coro())
+
+
 def make_router(args):
     from laps_jax.cluster.http_router import HTTPRouter
     tokenizer = None
@@ -281,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logging.getLogger("laps_jax.router").setLevel(logging.INFO)
     try:
-        with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-            return runner.run(serve(args, log))
+        return run_on_loop(args.event_loop, lambda: serve(args, log))
     except (ValueError, OSError) as e:  # bad tokenizer path, port in use, ...
         log(f"error: {e}")
         return 2
